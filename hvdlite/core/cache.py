@@ -1,0 +1,77 @@
+"""Response cache: the steady-state fast path of negotiation.
+
+Every rank inserts the same agreed responses in the same order and evicts the
+same least-recently-executed entries, so a bit index names the same response
+on every rank. A round then needs only a bitwise-AND allreduce of "which cached
+responses do I have a matching request for"; bits set on every rank are agreed.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import numpy as np
+
+from hvdlite.core.requests import Descriptor, Response
+
+
+class ResponseCache:
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError("cache capacity must be >= 0")
+        self.capacity = capacity
+        # name -> (bit, response, this rank's descriptor); ordered oldest use first.
+        self._entries: "collections.OrderedDict[str, tuple[int, Response, Descriptor]]" = (
+            collections.OrderedDict())
+        self._by_bit: dict[int, str] = {}
+
+    @property
+    def words(self) -> int:
+        """uint64 words needed for the bit vector."""
+        return (self.capacity + 63) // 64
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, desc: Descriptor) -> Optional[int]:
+        """The bit of a cached response matching this rank's descriptor exactly."""
+        entry = self._entries.get(desc.name)
+        if entry is None or entry[2] != desc:
+            return None
+        return entry[0]
+
+    def response(self, bit: int) -> Response:
+        return self._entries[self._by_bit[bit]][1]
+
+    def insert(self, response: Response, local: Descriptor) -> None:
+        if self.capacity == 0:
+            return
+        old = self._entries.pop(response.name, None)
+        if old is not None:
+            del self._by_bit[old[0]]
+        elif len(self._entries) >= self.capacity:
+            _, (bit, _, _) = self._entries.popitem(last=False)
+            del self._by_bit[bit]
+        bit = self._free_bit()
+        self._entries[response.name] = (bit, response, local)
+        self._by_bit[bit] = response.name
+
+    def touch(self, name: str) -> None:
+        """Mark a response as just executed (identically on every rank)."""
+        if name in self._entries:
+            self._entries.move_to_end(name)
+
+    def _free_bit(self) -> int:
+        used = self._by_bit
+        return next(b for b in range(self.capacity) if b not in used)
+
+    def set_bits(self, bits: list[int], vector: np.ndarray) -> None:
+        """OR the given bits into a uint64 vector."""
+        for bit in bits:
+            vector[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+
+    @staticmethod
+    def bits_of(vector: np.ndarray) -> list[int]:
+        """Indices of the set bits, ascending (the agreed execution order)."""
+        as_bytes = vector.astype("<u8").view(np.uint8)
+        return [int(i) for i in np.flatnonzero(np.unpackbits(as_bytes, bitorder="little"))]

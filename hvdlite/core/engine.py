@@ -1,0 +1,330 @@
+"""The background engine: the one thread that talks to MPI.
+
+User threads only enqueue Requests and wait on handles. Each engine iteration:
+
+1. wait until local work arrives or HVDLITE_CYCLE_TIME passes (idle ranks must
+   still join rounds so that a peer's shutdown or stall report gets through);
+2. start one negotiation round per process set: a non-blocking bitwise-AND
+   allreduce of [flags | one bit per cached response this rank has a matching
+   request for]. While every rank's requests are cached (steady-state training)
+   this is the whole negotiation: the bits set everywhere are agreed;
+3. if any rank needs more (an uncached or changed tensor, a join, a shutdown,
+   a stall report), all ranks fall through to a full round: gather every
+   pending descriptor on the set's rank 0, which validates and broadcasts the
+   responses;
+4. run the agreed responses in the same order on every rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from hvdlite.core import process_sets, stall
+from hvdlite.core.executor import Executor
+from hvdlite.core.handles import HandleTable
+from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
+from hvdlite.core.setstate import SetState
+from hvdlite.core.timeline import Timeline
+from hvdlite.core.topology import Topology, detect
+from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
+                            ShutdownError, StallError)
+
+_log = logging.getLogger("hvdlite")
+_NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
+_ERRORS = {"MismatchError": MismatchError, "JoinError": JoinError}
+
+
+@dataclasses.dataclass
+class _Report:
+    """What one rank sends in a full round."""
+    descs: list
+    shutdown: bool
+
+
+@dataclasses.dataclass
+class _Verdict:
+    """What the coordinator broadcasts after a full round."""
+    responses: list[Response]
+    shutdown_ranks: list[int]
+    stall: str = ""
+
+
+class Engine:
+    def __init__(self, config: Any, comm: MPI.Comm) -> None:
+        self.config = config
+        self.handles = HandleTable()
+        self.topology: Optional[Topology] = None
+        self.sets: dict[int, SetState] = {}
+        self.set_ranks: dict[int, tuple[int, ...]] = {}   # every registered set
+        self.timeline: Optional[Timeline] = None
+        self._comm = comm
+        self._cv = threading.Condition()
+        self._queue: list[Request] = []
+        self._in_flight: dict[int, set[str]] = {}
+        self._dead: Optional[HvdliteError] = None
+        self._shutdown_requested = False
+        self._stall_messages: dict[int, str] = {}
+        self._inspectors: dict[int, stall.StallInspector] = {}
+        self._setup_error: Optional[BaseException] = None
+        self._ready = threading.Event()
+        self.executor = Executor(config, self._complete, lambda: self.timeline)
+        self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
+
+    # -- user-thread side -----------------------------------------------------------
+    def start(self) -> Topology:
+        self._thread.start()
+        self._ready.wait()
+        if self._setup_error is not None:
+            raise HvdliteError(f"hvdlite.init() failed: {self._setup_error!r}") from self._setup_error
+        assert self.topology is not None
+        return self.topology
+
+    def submit(self, request: Request) -> int:
+        """Queue a request and return its handle; raises before queueing on misuse."""
+        with self._cv:
+            self.raise_if_dead()
+            names = self._in_flight.setdefault(request.process_set_id, set())
+            if request.desc.name in names:
+                raise DuplicateNameError(
+                    f"rank {self._comm.Get_rank()}: a collective named '{request.desc.name}' "
+                    "is already in flight; synchronize it before reusing the name, or "
+                    "give each concurrent tensor its own name.")
+            names.add(request.desc.name)
+            request.handle = self.handles.create(request.desc.name)
+            self._queue.append(request)
+            self._cv.notify()
+        return request.handle
+
+    @property
+    def dead(self) -> Optional[HvdliteError]:
+        return self._dead
+
+    def raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise type(self._dead)(str(self._dead))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._shutdown_requested = True
+            self._cv.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
+                             "not taking part in negotiation", timeout)
+        if self.timeline is not None:
+            self.timeline.close()
+            self.timeline = None
+
+    # -- engine thread ---------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._setup()
+        except BaseException as exc:  # reported to init() on the user thread
+            self._setup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while self._iteration():
+                pass
+        except BaseException as exc:
+            self._crash(exc)
+
+    def _setup(self) -> None:
+        world = self._comm.Dup()
+        self.topology = detect(world)
+        self.add_set(0, tuple(range(world.Get_size())), world)
+        if self.config.timeline and self.topology.rank == 0:
+            self.timeline = Timeline(self.config.timeline)
+
+    def add_set(self, set_id: int, ranks: tuple[int, ...], comm: Optional[MPI.Comm]) -> None:
+        self.set_ranks[set_id] = ranks
+        if comm is not None and comm != MPI.COMM_NULL:
+            self.sets[set_id] = SetState.create(set_id, ranks, comm, self.config.cache_capacity)
+            self._inspectors[set_id] = stall.StallInspector(self.config, ranks)
+
+    def _iteration(self) -> bool:
+        self._wait_for_work()
+        self._drain_queue()
+        members = [self.sets[i] for i in sorted(self.sets)]
+        vectors = [self._round_vector(s) for s in members]
+        requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
+                    for s, v in zip(members, vectors)]
+        self._await(requests)
+        for state, vector in zip(members, vectors):
+            if vector[0] & _NO_FULL_ROUND:
+                self._dispatch(state, self._cached_responses(state, vector), cached=True)
+            elif not self._full_round(state):
+                return False
+        self._check_stalls()
+        return self._dead is None
+
+    def _wait_for_work(self) -> None:
+        with self._cv:
+            busy = self._queue or self._shutdown_requested or any(
+                s.pending for s in self.sets.values())
+            if not busy:
+                self._cv.wait(timeout=self.config.cycle_time / 1000.0)
+
+    def _drain_queue(self) -> None:
+        with self._cv:
+            queued, self._queue = self._queue, []
+        for request in queued:
+            state = self.sets.get(request.process_set_id)
+            if state is None:
+                self._fail(request, HvdliteError(
+                    f"process set {request.process_set_id} was removed before "
+                    f"'{request.desc.name}' ran"))
+            else:
+                state.pending[request.desc.name] = request
+
+    def _round_vector(self, state: SetState) -> np.ndarray:
+        vector = np.zeros(1 + state.cache.words, dtype=np.uint64)
+        need_full = state.set_id in self._stall_messages or (
+            state.set_id == 0 and self._shutdown_requested)
+        report_after = stall.report_after(self.config)
+        now = time.monotonic()
+        bits = []
+        for request in state.pending.values():
+            bit = state.cache.lookup(request.desc)
+            if bit is None:
+                need_full = True
+            else:
+                bits.append(bit)
+            if report_after is not None and not request.stall_reported and (
+                    now - request.submitted_at > report_after):
+                request.stall_reported = True
+                need_full = True
+        state.cache.set_bits(bits, vector[1:])
+        if not need_full:
+            vector[0] = _NO_FULL_ROUND
+        return vector
+
+    def _await(self, requests: Sequence[MPI.Request]) -> None:
+        """Poll until every round completes: spin briefly, then back off, so a
+        waiting engine leaves the CPU to the training thread."""
+        spin_until = time.monotonic() + self.config.spin_time * 1e-6
+        pause, longest = 20e-6, max(50e-6, self.config.cycle_time * 1e-3 / 4)
+        while not MPI.Request.Testall(list(requests)):
+            if time.monotonic() < spin_until:
+                time.sleep(0)
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, longest)
+
+    def _cached_responses(self, state: SetState, vector: np.ndarray) -> list[Response]:
+        responses = [state.cache.response(b) for b in state.cache.bits_of(vector[1:])]
+        if state.coordinator is not None and responses:
+            state.coordinator.forget([r.name for r in responses])
+        return responses
+
+    def _full_round(self, state: SetState) -> bool:
+        now = time.monotonic()
+        report = _Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
+                         self._shutdown_requested and state.set_id == 0)
+        gathered = state.comm.gather(report, root=0)
+        verdict = None
+        if state.coordinator is not None:
+            verdict = self._decide(state, gathered)
+        verdict = state.comm.bcast(verdict, root=0)
+        self._dispatch(state, verdict.responses, cached=False)
+        if verdict.shutdown_ranks:
+            ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
+            self._stop(ShutdownError(
+                f"hvdlite was shut down on rank(s) {ranks}; no further collectives can "
+                "complete. Call hvdlite.shutdown() only once every rank is done."))
+            return False
+        if verdict.stall:
+            self._stop(StallError(verdict.stall))
+            return False
+        return True
+
+    def _decide(self, state: SetState, gathered: list[_Report]) -> _Verdict:
+        coordinator = state.coordinator
+        for rank, report in enumerate(gathered):
+            coordinator.ingest(rank, report.descs)
+        responses = coordinator.responses()
+        message = self._stall_messages.pop(state.set_id, "")
+        shutdown = [r for r, report in enumerate(gathered) if report.shutdown]
+        return _Verdict(responses, shutdown, message)
+
+    def _check_stalls(self) -> None:
+        """On each coordinator, between rounds. A stall that must become an error
+        is held until the next full round, which the held message requests."""
+        for set_id, state in self.sets.items():
+            if state.coordinator is not None:
+                message = self._inspectors[set_id].check(state.coordinator)
+                if message:
+                    self._stall_messages[set_id] = message
+
+    def _dispatch(self, state: SetState, responses: Sequence[Response], cached: bool) -> None:
+        now = time.monotonic()
+        data, control, agreed = [], [], {}
+        for response in responses:
+            request = state.pending.pop(response.name, None)
+            if request is not None:
+                agreed[response.name] = request
+                request.agreed_at = now
+                if self.timeline is not None:
+                    self.timeline.span(response.name, "negotiate", request.submitted_at, now)
+            if response.error:
+                if request is not None:
+                    self._fail(request, _ERRORS.get(response.error_type, HvdliteError)(
+                        f"rank {self._comm.Get_rank()}: {response.error}"))
+                continue
+            if not cached and response.desc.kind in CACHEABLE:
+                state.cache.insert(response, request.desc if request else response.desc)
+            state.cache.touch(response.name)
+            if response.desc.kind in process_sets.CONTROL:
+                control.append((response, request))
+            elif request is not None or response.desc.kind is Kind.ALLREDUCE:
+                data.append(response)   # an allreduce without a request: joined, sends zeros
+        self.executor.run(state.comm, data, agreed)
+        for response, request in control:
+            process_sets.execute(self, response, request)
+
+    # -- completion and failure -----------------------------------------------------------
+    def _complete(self, request: Request, result: Any) -> None:
+        with self._cv:
+            self._in_flight.get(request.process_set_id, set()).discard(request.desc.name)
+        self.handles.complete(request.handle, result)
+
+    def complete(self, request: Request, result: Any) -> None:
+        self._complete(request, result)
+
+    def _fail(self, request: Request, error: BaseException) -> None:
+        with self._cv:
+            self._in_flight.get(request.process_set_id, set()).discard(request.desc.name)
+        self.handles.fail(request.handle, error)
+
+    def fail_set(self, state: SetState, error: BaseException) -> None:
+        for request in list(state.pending.values()):
+            self._fail(request, error)
+        state.pending.clear()
+
+    def _stop(self, error: HvdliteError) -> None:
+        with self._cv:
+            self._dead = error
+            queued, self._queue = self._queue, []
+        for request in queued:
+            self._fail(request, error)
+        for state in self.sets.values():
+            self.fail_set(state, error)
+        self.handles.fail_all(error)
+
+    def _crash(self, exc: BaseException) -> None:
+        rank = self._comm.Get_rank()
+        text = "".join(traceback.format_exception(exc))
+        self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))
+        _log.error("hvdlite engine failed on rank %d; this is a bug, please report it:\n%s",
+                   rank, text)
+        if self.config.abort_on_error:
+            self._comm.Abort(1)

@@ -1,0 +1,187 @@
+"""The coordinator's side of negotiation, free of MPI so it can be unit-tested.
+
+In a full round every member rank sends the descriptors of its pending
+requests; the coordinator (rank 0 of the process set) keeps them in a table
+until every non-joined rank has reported a name, then validates the reports
+against each other and emits a Response (or an error Response naming what
+differed). Responses go back to every rank in one broadcast, so all ranks run
+the same collectives in the same order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional, Sequence
+
+from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Response
+
+# Fields compared between ranks, per kind. Allgather and alltoall compare the
+# shape without its first dimension, which may differ per rank.
+_COMPARED: dict[Kind, tuple[str, ...]] = {
+    Kind.ALLREDUCE: ("kind", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.REDUCESCATTER: ("kind", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.BROADCAST: ("kind", "dtype", "shape", "root"),
+    Kind.ALLGATHER: ("kind", "dtype", "trailing_shape"),
+    Kind.ALLTOALL: ("kind", "dtype", "trailing_shape"),
+    Kind.BARRIER: ("kind",),
+    Kind.JOIN: ("kind",),
+    Kind.ADD_PROCESS_SET: ("kind", "ranks"),
+    Kind.REMOVE_PROCESS_SET: ("kind", "root"),
+}
+
+_FIX_HINT = ("Every rank must submit a tensor name with the same collective, dtype, "
+             "shape (allgather/alltoall: all but the first dimension), op, root rank "
+             "and scale factors; check the code paths that differ between ranks.")
+
+
+def _field(desc: Descriptor, field: str) -> object:
+    if field == "trailing_shape":
+        return desc.shape[1:]
+    value = getattr(desc, field)
+    if field == "op":
+        return ReduceOp(value).name
+    if field == "kind":
+        return value.value
+    return value
+
+
+def find_mismatch(reports: dict[int, Descriptor]) -> Optional[str]:
+    """Return a message naming the tensor, the ranks and what differed, or None."""
+    ranks = sorted(reports)
+    reference = reports[ranks[0]]
+    fields = ("kind",) + tuple(f for f in _COMPARED[reference.kind] if f != "kind")
+    for field in fields:
+        values: dict[object, list[int]] = {}
+        for rank in ranks:
+            values.setdefault(_field(reports[rank], field), []).append(rank)
+        if len(values) > 1:
+            label = "collective" if field == "kind" else field
+            listing = "; ".join(f"ranks {group} have {label}={value!r}"
+                                for value, group in values.items())
+            return f"Mismatched {label} for tensor '{reference.name}': {listing}. {_FIX_HINT}"
+    if reference.kind is Kind.ALLTOALL:
+        return _check_alltoall_splits(reports, len(ranks))
+    return None
+
+
+def _check_alltoall_splits(reports: dict[int, Descriptor], size: int) -> Optional[str]:
+    for rank, desc in sorted(reports.items()):
+        if desc.splits is not None and len(desc.splits) != size:
+            return (f"alltoall '{desc.name}': rank {rank} gave {len(desc.splits)} splits "
+                    f"for a process set of {size} ranks; pass one split per rank.")
+    return None
+
+
+def build_response(reports: dict[int, Descriptor], joined: Sequence[int]) -> Response:
+    """A validated Response for a name every non-joined member has reported."""
+    ranks = sorted(reports)
+    desc = reports[ranks[0]]
+    mismatch = find_mismatch(reports)
+    if mismatch:
+        return Response(desc=desc, error=mismatch, error_type="MismatchError")
+    if joined and desc.kind is not Kind.ALLREDUCE:
+        return Response(desc=desc, error_type="JoinError", error=(
+            f"{desc.kind.value} '{desc.name}' cannot run while ranks {sorted(joined)} have "
+            "called join(): joined ranks only take part in allreduce. Finish every other "
+            "collective before join()."))
+    response = Response(desc=desc, joined=tuple(sorted(joined)))
+    if desc.kind is Kind.ALLGATHER:
+        response.first_dims = tuple(reports[r].shape[0] if reports[r].shape else 1 for r in ranks)
+    elif desc.kind is Kind.ALLTOALL:
+        response.split_matrix = tuple(_splits_of(reports[r], len(ranks)) for r in ranks)
+    return response
+
+
+def _splits_of(desc: Descriptor, size: int) -> tuple[int, ...]:
+    if desc.splits is not None:
+        return desc.splits
+    rows = desc.shape[0] if desc.shape else 0
+    return tuple(rows // size + (1 if r < rows % size else 0) for r in range(size))
+
+
+@dataclasses.dataclass
+class _Entry:
+    reports: dict[int, Descriptor]
+    first_seen: float
+    warned: bool = False
+
+
+class Coordinator:
+    """The message table of one process set, held by its rank 0."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._table: dict[str, _Entry] = {}
+        self._join_order: dict[int, int] = {}
+        self._round = 0
+
+    def ingest(self, rank: int, descs: Sequence[tuple[Descriptor, float]],
+               now: Optional[float] = None) -> None:
+        """Record a rank's pending descriptors; ``age`` is how long it has waited."""
+        now = time.monotonic() if now is None else now
+        for desc, age in descs:
+            entry = self._table.get(desc.name)
+            if entry is None:
+                entry = self._table[desc.name] = _Entry({}, now - age)
+            entry.first_seen = min(entry.first_seen, now - age)
+            entry.reports[rank] = desc
+            if desc.kind is Kind.JOIN and rank not in self._join_order:
+                self._join_order[rank] = self._round
+
+    def joined(self) -> list[int]:
+        """Ranks that have called join() and not yet been released."""
+        return sorted(self._join_order)
+
+    def responses(self) -> list[Response]:
+        """Responses for every name now complete, in first-seen order."""
+        self._round += 1
+        joined = self.joined()
+        joined_set = set(joined)
+        ready = []
+        for name, entry in sorted(self._table.items(), key=lambda kv: kv[1].first_seen):
+            if any(d.kind is Kind.JOIN for d in entry.reports.values()):
+                continue
+            if all(r in entry.reports or r in joined_set for r in range(self.size)):
+                ready.append(build_response(entry.reports, joined))
+        for response in ready:
+            del self._table[response.name]
+        join = self._join_response(joined_set)
+        return ready + ([join] if join else [])
+
+    def _join_response(self, joined: set[int]) -> Optional[Response]:
+        join_names = [n for n, e in self._table.items()
+                      if any(d.kind is Kind.JOIN for d in e.reports.values())]
+        if len(joined) < self.size or not join_names:
+            return None
+        # The last rank to join: latest round first seen, highest rank on ties.
+        last = max(self._join_order, key=lambda r: (self._join_order[r], r))
+        desc = self._table.pop(join_names[0]).reports[last]
+        self._join_order.clear()
+        return Response(desc=desc, joined=tuple(sorted(joined)), result=last)
+
+    def forget(self, names: Sequence[str]) -> None:
+        """Drop names that were agreed through the cached fast path."""
+        for name in names:
+            self._table.pop(name, None)
+
+    def stalled(self, now: float, after: float) -> list[tuple[str, list[int], list[int], float]]:
+        """(name, ranks waiting, ranks missing, seconds) for tensors waiting >= after."""
+        found = []
+        for name, entry in self._table.items():
+            if any(d.kind is Kind.JOIN for d in entry.reports.values()):
+                continue  # waiting in join() for slower ranks is expected, not a stall
+            waited = now - entry.first_seen
+            if waited >= after:
+                have = sorted(entry.reports)
+                missing = [r for r in range(self.size) if r not in entry.reports]
+                if missing:
+                    found.append((name, have, missing, waited))
+        return found
+
+    def mark_warned(self, name: str) -> bool:
+        """True the first time a stalled name is warned about."""
+        entry = self._table.get(name)
+        if entry is None or entry.warned:
+            return False
+        entry.warned = True
+        return True

@@ -1,0 +1,79 @@
+"""Picklable Python objects over the tensor collectives, plus runtime queries."""
+from __future__ import annotations
+
+import importlib.util
+import pickle
+from typing import Any, Optional
+
+import numpy as np
+
+from hvdlite.core import ops, state
+from hvdlite.core.process_sets import ProcessSet
+from hvdlite.core.timeline import Timeline
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (pickled; root_rank within the set)."""
+    base = name or state.next_name("broadcast_object")
+    _, ps = state.find_process_set(process_set)
+    is_root = ps.rank() == root_rank
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
+    length = np.array([payload.size if is_root else 0], dtype=np.int64)
+    length = ops.broadcast(length, root_rank, name=f"{base}.len", process_set=process_set)
+    data = payload if is_root else np.empty(int(length[0]), dtype=np.uint8)
+    data = ops.broadcast(data, root_rank, name=f"{base}.data", process_set=process_set)
+    return obj if is_root else pickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> list[Any]:
+    """Every rank's ``obj``, as a list in rank order."""
+    base = name or state.next_name("allgather_object")
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    sizes = ops.allgather(np.array([payload.size], dtype=np.int64), name=f"{base}.len",
+                          process_set=process_set)
+    data = ops.allgather(payload, name=f"{base}.data", process_set=process_set)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [pickle.loads(data[bounds[i]:bounds[i + 1]].tobytes()) for i in range(len(sizes))]
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome trace on rank 0 (other ranks: no-op)."""
+    engine = state.engine("hvdlite.start_timeline()")
+    if state.rank() == 0:
+        if engine.timeline is not None:
+            engine.timeline.close()
+        engine.timeline = Timeline(file_path)
+
+
+def stop_timeline() -> None:
+    engine = state.engine("hvdlite.stop_timeline()")
+    timeline, engine.timeline = engine.timeline, None
+    if timeline is not None:
+        timeline.close()
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """False: the NCCL path (CuPy) is not part of this build yet."""
+    return False
+
+
+def cuda_built() -> bool:
+    return importlib.util.find_spec("cupy") is not None and nccl_built()

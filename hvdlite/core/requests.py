@@ -1,0 +1,106 @@
+"""What a rank submits (Request, with its picklable Descriptor) and what the
+ranks agree to run (Response)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from typing import Any, Optional
+
+import ml_dtypes
+import numpy as np
+
+from hvdlite.reduce_op import ReduceOp
+
+__all__ = ["ReduceOp", "dtype_name", "to_dtype", "Kind", "Descriptor", "Request", "Response", "CACHEABLE", "REDUCING"]
+
+
+_NAMED_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """A name that travels in descriptors and round-trips through ``to_dtype``."""
+    return np.dtype(dtype).name
+
+
+def to_dtype(name: str) -> np.dtype:
+    return _NAMED_DTYPES.get(name) or np.dtype(name)
+
+
+class Kind(enum.Enum):
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    JOIN = "join"
+    ADD_PROCESS_SET = "add_process_set"
+    REMOVE_PROCESS_SET = "remove_process_set"
+
+
+# Kinds whose agreed responses are worth remembering for the bit-vector fast path.
+CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
+                       Kind.REDUCESCATTER})
+REDUCING = frozenset({Kind.ALLREDUCE, Kind.REDUCESCATTER})
+
+
+@dataclasses.dataclass(frozen=True)
+class Descriptor:
+    """Everything about a submitted tensor that ranks must agree on.
+
+    Small and picklable: this is what travels in a full negotiation round, and
+    equality of descriptors is what a response-cache hit means.
+    """
+    name: str
+    kind: Kind
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    op: int = int(ReduceOp.SUM)
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: Optional[tuple[int, ...]] = None
+    ranks: Optional[tuple[int, ...]] = None  # process-set membership for ADD_PROCESS_SET
+
+    def describe(self) -> str:
+        parts = [f"{self.kind.value}", f"dtype={self.dtype}", f"shape={self.shape}"]
+        if self.kind in REDUCING:
+            parts.append(f"op={ReduceOp(self.op).name}")
+        if self.kind is Kind.BROADCAST:
+            parts.append(f"root_rank={self.root}")
+        return " ".join(parts)
+
+
+@dataclasses.dataclass
+class Request:
+    """One rank's submission: the descriptor plus the buffers and bookkeeping."""
+    desc: Descriptor
+    process_set_id: int
+    array: Optional[np.ndarray] = None     # contiguous input
+    output: Optional[np.ndarray] = None    # where results land (the user's array for in-place ops)
+    submitted_at: float = dataclasses.field(default_factory=time.monotonic)
+    agreed_at: float = 0.0
+    stall_reported: bool = False
+    handle: int = -1                       # assigned by Engine.submit
+
+
+@dataclasses.dataclass
+class Response:
+    """A collective every member rank runs, in the same order everywhere.
+
+    ``desc`` is the coordinator's view. ``first_dims`` (allgather) and
+    ``split_matrix`` (alltoall, row = sender) carry what differs per rank.
+    ``joined`` lists ranks that called join() and contribute zeros.
+    """
+    desc: Descriptor
+    first_dims: Optional[tuple[int, ...]] = None
+    split_matrix: Optional[tuple[tuple[int, ...], ...]] = None
+    joined: tuple[int, ...] = ()
+    error: str = ""
+    error_type: str = ""
+    result: Any = None   # JOIN: the last rank to join
+
+    @property
+    def name(self) -> str:
+        return self.desc.name

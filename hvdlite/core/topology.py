@@ -1,0 +1,66 @@
+"""Rank layout: local (same node) and cross (same local rank) communicators.
+
+The rule, in order:
+1. If the launcher states node identity and every rank can trust it, it wins:
+   SLURM's ``SLURM_NODEID``/``SLURM_LOCALID`` are used when, on every rank,
+   ``SLURM_PROCID`` equals the MPI rank and ``SLURM_NTASKS`` the MPI size (that
+   is, srun started each rank itself). This is what tells apart several slurmd
+   "nodes" on one host. Under ``mpirun`` inside an allocation these variables
+   describe the batch step, not the ranks, and fail the check.
+2. Otherwise ranks that share memory are one node: ``Split_type(COMM_TYPE_SHARED)``.
+local_rank orders a node's ranks by global rank; cross_rank orders the nodes
+by their lowest global rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+from mpi4py import MPI
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    is_homogeneous: bool
+    source: str   # "slurm" or "shared-memory"
+
+
+def slurm_view(rank: int, size: int, environ: Mapping[str, str]) -> Optional[tuple[int, int]]:
+    """(node id, local id) from SLURM if it describes this very rank, else None."""
+    try:
+        procid = int(environ["SLURM_PROCID"])
+        ntasks = int(environ.get("SLURM_NTASKS", environ.get("SLURM_NPROCS", "-1")))
+        node, local = int(environ["SLURM_NODEID"]), int(environ["SLURM_LOCALID"])
+    except (KeyError, ValueError):
+        return None
+    return (node, local) if procid == rank and ntasks == size else None
+
+
+def detect(comm: MPI.Comm, environ: Optional[Mapping[str, str]] = None) -> Topology:
+    """Collective over ``comm``: every rank must call it."""
+    environ = os.environ if environ is None else environ
+    rank, size = comm.Get_rank(), comm.Get_size()
+    view = slurm_view(rank, size, environ)
+    views = comm.allgather(view)
+    trusted = all(v is not None for v in views) and len(set(views)) == size
+    if trusted:
+        local = comm.Split(color=view[0], key=rank)
+        source = "slurm"
+    else:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        source = "shared-memory"
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    cross = comm.Split(color=local_rank, key=rank)
+    cross_rank, cross_size = cross.Get_rank(), cross.Get_size()
+    homogeneous = len(set(comm.allgather(local_size))) == 1
+    local.Free()
+    cross.Free()
+    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size,
+                    homogeneous, source)
