@@ -65,13 +65,23 @@ class ResponseCache:
         used = self._by_bit
         return next(b for b in range(self.capacity) if b not in used)
 
-    def set_bits(self, bits: list[int], vector: np.ndarray) -> None:
-        """OR the given bits into a uint64 vector."""
+    @staticmethod
+    def set_bits(bits: list[int], vector: np.ndarray) -> None:
+        """OR the given bits into a uint64 vector (Python ints: numpy scalars are slow)."""
+        words: dict[int, int] = {}
         for bit in bits:
-            vector[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+            words[bit >> 6] = words.get(bit >> 6, 0) | (1 << (bit & 63))
+        for index, word in words.items():
+            vector[index] = word
 
     @staticmethod
     def bits_of(vector: np.ndarray) -> list[int]:
         """Indices of the set bits, ascending (the agreed execution order)."""
-        as_bytes = vector.astype("<u8").view(np.uint8)
-        return [int(i) for i in np.flatnonzero(np.unpackbits(as_bytes, bitorder="little"))]
+        bits = []
+        for index in np.flatnonzero(vector).tolist():
+            word, base = int(vector[index]), index << 6
+            while word:
+                low = word & -word
+                bits.append(base + low.bit_length() - 1)
+                word ^= low
+        return bits

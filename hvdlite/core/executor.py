@@ -49,37 +49,36 @@ class Executor:
                     self._complete(request, result)
 
     def _span(self, requests: Sequence[Optional[Request]], phase: str, start: float) -> float:
-        now = time.monotonic()
         timeline = self._timeline()
-        if timeline is not None:
-            for request in requests:
-                if request is not None:
-                    timeline.span(request.desc.name, phase, start, now)
+        if timeline is None:
+            return 0.0
+        now = time.monotonic()
+        for request in requests:
+            if request is not None:
+                timeline.span(request.desc.name, phase, start or request.agreed_at, now)
         return now
 
     # -- allreduce -------------------------------------------------------------
     def _allreduce_group(self, comm: MPI.Comm, group: Sequence[Response],
                          requests: Sequence[Optional[Request]]) -> None:
-        desc = group[0].desc
-        dtype = to_dtype(desc.dtype)
-        wide = fusion.reduction_dtype(dtype)
-        op = ReduceOp(desc.op)
-        postscale = desc.postscale / (comm.Get_size() if op is ReduceOp.AVERAGE else 1)
-        start = self._span(requests, "queue", min(r.agreed_at for r in requests if r) if any(
-            requests) else time.monotonic())
-        counts = [int(np.prod(r.desc.shape, dtype=np.int64)) for r in group]
-        direct = self._direct_target(requests, dtype, wide)
+        first = group[0]
+        wide = fusion.reduction_dtype(first.dtype)
+        op = ReduceOp(first.desc.op)
+        postscale = _Scale(first.desc.postscale, comm.Get_size() if op is ReduceOp.AVERAGE else 1)
+        start = self._span(requests, "queue", 0.0)
+        direct = self._direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
-            self._pack_one(requests[0], buf, desc.prescale)
+            self._pack_one(requests[0], buf, first.desc.prescale)
         else:
+            counts = [r.count for r in group]
             buf = self._fusion.view(wide, sum(counts))
-            self._pack(requests, counts, buf, desc.prescale)
+            self._pack(requests, counts, buf, first.desc.prescale)
         start = self._span(requests, "memcpy_in", start)
         self.backend_for(buf.nbytes).allreduce(comm, buf, op)
         start = self._span(requests, "allreduce", start)
         if direct is not None:
-            _scale(buf, postscale)
+            postscale.apply(buf)
         else:
             self._unpack(requests, counts, buf, postscale)
         self._span(requests, "memcpy_out", start)
@@ -116,18 +115,17 @@ class Executor:
 
     @staticmethod
     def _unpack(requests: Sequence[Optional[Request]], counts: Sequence[int],
-                buf: np.ndarray, postscale: float) -> None:
-        _scale(buf, postscale)
+                buf: np.ndarray, postscale: "_Scale") -> None:
+        postscale.apply(buf)
         for request, start, count in zip(requests, fusion.offsets(counts), counts):
             if request is not None:
-                np.copyto(request.output.reshape(-1) if request.output.flags.c_contiguous
-                          else request.output, buf[start:start + count].reshape(
-                              request.output.shape), casting="unsafe")
+                np.copyto(request.output, buf[start:start + count].reshape(
+                    request.output.shape), casting="unsafe")
 
     # -- everything else ---------------------------------------------------------
     def _run_one(self, comm: MPI.Comm, response: Response, request: Optional[Request]) -> Any:
         kind = response.desc.kind
-        start = time.monotonic()
+        start = self._span([request], "queue", 0.0)
         if kind is Kind.ALLGATHER:
             result = _allgather(comm, response, request)
         elif kind is Kind.BROADCAST:
@@ -158,7 +156,7 @@ class Executor:
         out = np.empty(counts[rank], dtype=wide)
         op = ReduceOp(desc.op)
         self.backend_for(buf.nbytes).reducescatter(comm, buf, counts, out, op)
-        _scale(out, desc.postscale / (size if op is ReduceOp.AVERAGE else 1))
+        _Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(out)
         return out.astype(to_dtype(desc.dtype), copy=False).reshape((my_rows[rank],) + desc.shape[1:])
 
 
@@ -166,6 +164,20 @@ def _scale(buf: np.ndarray, factor: float) -> None:
     if factor != 1.0:
         # Integer tensors are scaled in float64 and truncated toward zero, as Horovod does.
         np.multiply(buf, factor, out=buf, casting="unsafe")
+
+
+class _Scale:
+    """Post-reduction scaling. Average divides by the size rather than multiplying
+    by its reciprocal: 6 * (1/3) is 1.999..., which truncates to 1 for integers."""
+    __slots__ = ("factor", "divisor")
+
+    def __init__(self, factor: float, divisor: int) -> None:
+        self.factor, self.divisor = factor, divisor
+
+    def apply(self, buf: np.ndarray) -> None:
+        if self.divisor != 1:
+            np.true_divide(buf, self.divisor, out=buf, casting="unsafe")
+        _scale(buf, self.factor)
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

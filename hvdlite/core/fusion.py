@@ -7,7 +7,7 @@ from typing import Hashable, Sequence
 import ml_dtypes
 import numpy as np
 
-from hvdlite.core.requests import Response, to_dtype
+from hvdlite.core.requests import Response
 
 # MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage
 # for it, so half types are reduced as float32 (packed with a widening copy).
@@ -31,24 +31,26 @@ def plan_groups(responses: Sequence[Response], threshold: int) -> list[list[Resp
     keep agreed order, so every rank derives the same plan. A tensor larger
     than the threshold forms a group of its own.
     """
-    by_key: dict[Hashable, list[list[Response]]] = {}
+    if len(responses) == 1:
+        return [list(responses)]
+    open_groups: dict[Hashable, tuple[list[Response], list[int]]] = {}
     order: list[list[Response]] = []
     for response in responses:
         nbytes = _reduced_nbytes(response)
-        groups = by_key.setdefault(fusion_key(response), [])
-        current = groups[-1] if groups else None
-        if current is not None and sum(map(_reduced_nbytes, current)) + nbytes <= threshold:
-            current.append(response)
+        key = fusion_key(response)
+        current = open_groups.get(key)
+        if current is not None and current[1][0] + nbytes <= threshold:
+            current[0].append(response)
+            current[1][0] += nbytes
             continue
-        fresh = [response]
-        groups.append(fresh)
+        fresh: list[Response] = [response]
+        open_groups[key] = (fresh, [nbytes])
         order.append(fresh)
     return order
 
 
 def _reduced_nbytes(response: Response) -> int:
-    d = response.desc
-    return int(np.prod(d.shape, dtype=np.int64)) * reduction_dtype(to_dtype(d.dtype)).itemsize
+    return response.count * reduction_dtype(response.dtype).itemsize
 
 
 def offsets(sizes: Sequence[int]) -> list[int]:

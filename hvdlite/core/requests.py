@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import time
 from typing import Any, Optional
 
@@ -104,3 +105,12 @@ class Response:
     @property
     def name(self) -> str:
         return self.desc.name
+
+    # Facts derived once per response: a cached response is reused every step.
+    @functools.cached_property
+    def dtype(self) -> np.dtype:
+        return to_dtype(self.desc.dtype)
+
+    @functools.cached_property
+    def count(self) -> int:
+        return int(np.prod(self.desc.shape, dtype=np.int64))

@@ -1,0 +1,37 @@
+# make demo: multi-rank training on this machine.  make test: every test.
+# Both create .venv (Python 3.11 + pip is all they need) and install pinned versions.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+NP ?= 2
+# Hard limit per MPI test run: a hang fails the run instead of stalling CI.
+RUN_LIMIT := timeout -k 10 900
+MPI_PYTEST := $(PY) tests/mpi/run.py
+
+.PHONY: install demo test test-unit test-mpi bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,test]'
+	touch $@
+
+demo: install
+	$(MPIEXEC) -n $(NP) $(PY) examples/numpy_allreduce.py
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit tests/integration
+
+test-mpi: install
+	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
+	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
+
+test: test-unit test-mpi
+
+bench: install
+	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

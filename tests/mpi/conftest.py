@@ -1,0 +1,64 @@
+"""Shared by every multi-rank test: one hvdlite.init() per session, and each
+test's outcome exchanged between ranks so that a failure anywhere fails it
+everywhere (tests are size-agnostic: expected values come from rank and size)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hvdlite as hvd
+from hvdlite.core import state
+
+_RESULTS = MPI.COMM_WORLD.Dup()   # test bookkeeping only, never used by hvdlite
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    hvd.init()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hvd.shutdown()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.when not in ("setup", "call") or report.skipped:
+        return
+    text = report.longreprtext if report.failed else ""
+    results = _RESULTS.allgather((_RESULTS.Get_rank(), report.failed, text))
+    remote = [(r, t) for r, failed, t in results if failed and r != _RESULTS.Get_rank()]
+    if remote:
+        detail = "\n".join(f"--- rank {r} ---\n{t}" for r, t in remote)
+        report.outcome = "failed"
+        report.longrepr = f"{report.longreprtext}\n[failed on rank(s) {[r for r, _ in remote]}]\n{detail}"
+
+
+@pytest.fixture(params=["mpi", "ring"])
+def backend(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Run a test once per allreduce backend. Switching is safe only between
+    collectives on every rank, hence the barriers around it."""
+    config = state.config()
+    previous = config.allreduce
+    hvd.barrier()
+    config.allreduce = request.param
+    yield request.param
+    hvd.barrier()
+    config.allreduce = previous
+
+
+@pytest.fixture
+def rank_size() -> tuple[int, int]:
+    return hvd.rank(), hvd.size()
+
+
+def rank_data(rank: int, shape: tuple[int, ...], dtype: np.dtype, salt: int = 0) -> np.ndarray:
+    """Deterministic small integer-valued data for ``rank``: every rank can
+    rebuild every other rank's input to compute the expected result."""
+    rng = np.random.default_rng(1000 * salt + rank)
+    values = rng.integers(1, 4, size=shape)
+    if np.issubdtype(np.dtype(dtype), np.signedinteger) or np.issubdtype(np.dtype(dtype), np.floating):
+        values = values * rng.choice([-1, 1], size=shape)
+    return values.astype(dtype)
