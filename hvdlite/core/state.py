@@ -169,6 +169,7 @@ def next_name(kind: str) -> str:
 
 
 def find_process_set(process_set: Optional[ProcessSet]) -> tuple[int, ProcessSet]:
+    engine("a collective")
     process_set = global_process_set if process_set is None else process_set
     set_id = process_set._require_registered()
     if set_id not in STATE.process_sets:

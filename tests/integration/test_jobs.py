@@ -1,0 +1,70 @@
+"""Whole MPI jobs: failure propagation, stall shutdown, peer shutdown, env knobs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+
+def run_job(job: str, np: int, env: dict[str, str] | None = None,
+            timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    start = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", str(np), sys.executable, "-m",
+                           "tests.integration.jobs", job], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_uncaught_exception_ends_the_job_quickly(np: int) -> None:
+    proc, elapsed = run_job("crash", np)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert output.count("RuntimeError: deliberate failure on the last rank") == 1, output
+    assert f"rank {np - 1} of {np}" in output
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_stall_shutdown_errors_on_every_rank(np: int) -> None:
+    proc, elapsed = run_job("stall_shutdown", np, {"HVDLITE_STALL_CHECK_TIME": "0.5",
+                                                   "HVDLITE_STALL_SHUTDOWN_TIME": "1.5"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for rank in range(np):
+        assert f"STALL_ERROR rank {rank}" in output, output
+    assert "'lonely'" in output and f"missing ranks: {list(range(1, np))}" in output
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_collectives_after_a_peer_shutdown_fail_clearly(np: int) -> None:
+    proc, _ = run_job("early_shutdown", np)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for rank in range(1, np):
+        assert f"SHUTDOWN_ERROR rank {rank}: hvdlite was shut down on rank(s) [0]" in output
+
+
+def test_timeline_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    proc, _ = run_job("timeline_env", 2, {"HVDLITE_TIMELINE": str(path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    phases = {e["name"] for e in json.loads(path.read_text()) if e.get("ph") == "X"}
+    assert {"negotiate", "allreduce", "memcpy_in", "memcpy_out"} <= phases
+
+
+def test_numpy_demo_trains_identically_on_all_ranks() -> None:
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "examples/numpy_allreduce.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "parameters identical on all ranks: True" in proc.stdout
+    error = float(proc.stdout.split("|w - w_true| = ")[1].split(";")[0])
+    assert error < 0.05

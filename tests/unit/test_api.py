@@ -1,0 +1,75 @@
+"""Single-process checks: configuration, errors, calls before init, the timeline file."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from hvdlite.config import OPTIONS, Config
+from hvdlite.core.timeline import Timeline
+from hvdlite.errors import ConfigError, HvdliteError, NotInitializedError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.mark.parametrize("call", [hvd.rank, hvd.size, hvd.local_rank, hvd.local_size,
+                                  hvd.cross_rank, hvd.cross_size, hvd.is_homogeneous,
+                                  hvd.mpi_threads_supported, hvd.barrier, hvd.join,
+                                  lambda: hvd.allreduce(np.ones(2)),
+                                  lambda: hvd.broadcast(np.ones(2), 0),
+                                  lambda: hvd.start_timeline("/tmp/x.json")])
+def test_calls_before_init_raise_not_initialized(call) -> None:  # type: ignore[no-untyped-def]
+    assert not hvd.is_initialized()
+    with pytest.raises(NotInitializedError, match=r"hvdlite.init\(\)"):
+        call()
+
+
+def test_error_types_match_what_horovod_scripts_catch() -> None:
+    assert issubclass(HvdliteError, RuntimeError)
+    assert issubclass(NotInitializedError, ValueError) and issubclass(NotInitializedError, HvdliteError)
+    assert issubclass(hvd.DuplicateNameError, ValueError)
+    for error in (hvd.MismatchError, hvd.StallError, hvd.ShutdownError, hvd.JoinError):
+        assert issubclass(error, HvdliteError)
+
+
+def test_config_precedence_and_parsing() -> None:
+    config = Config.load({"HVDLITE_FUSION_THRESHOLD": "2MiB", "HVDLITE_CYCLE_TIME": "0.5"},
+                         cycle_time=2.0)
+    assert config.fusion_threshold == 2 << 20
+    assert config.cycle_time == 2.0                       # argument beats environment
+    assert Config.load({}).allreduce == "auto"            # default
+    with pytest.raises(ConfigError, match="HVDLITE_ALLREDUCE"):
+        Config.load({"HVDLITE_ALLREDUCE": "nccl"})
+    with pytest.raises(ConfigError, match="HVDLITE_ABORT_ON_ERROR"):
+        Config.load({"HVDLITE_ABORT_ON_ERROR": "maybe"})
+    with pytest.raises(ConfigError, match="unknown hvdlite option"):
+        Config.load({}, not_an_option=1)
+
+
+def test_unknown_variable_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    logger = __import__("logging").getLogger("hvdlite")
+    logger.propagate = True
+    with caplog.at_level("WARNING", logger="hvdlite"):
+        Config.load({"HVDLITE_FUSION_TRESHOLD": "1"})
+    assert "HVDLITE_FUSION_TRESHOLD" in caplog.text
+
+
+def test_readme_documents_every_variable() -> None:
+    text = README.read_text()
+    documented = set(re.findall(r"`(HVDLITE_[A-Z_]+)`", text))
+    assert {option.env for option in OPTIONS} <= documented
+
+
+def test_timeline_is_valid_json_after_every_event(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    timeline = Timeline(str(path))
+    assert json.loads(path.read_text())[0]["ph"] == "M"
+    timeline.span("grad", "allreduce", 1.0, 1.5)
+    timeline.close()
+    events = json.loads(path.read_text())
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans[0]["name"] == "allreduce" and spans[0]["args"]["tensor"] == "grad"
