@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from hvdlite.core.requests import Descriptor, Response
+from hvdlite.core.requests import Descriptor, Request, Response
 
 
 class ResponseCache:
@@ -24,6 +24,7 @@ class ResponseCache:
         self._entries: "collections.OrderedDict[str, tuple[int, Response, Descriptor]]" = (
             collections.OrderedDict())
         self._by_bit: dict[int, str] = {}
+        self.version = 0   # bumped whenever a bit's meaning changes
 
     @property
     def words(self) -> int:
@@ -32,6 +33,13 @@ class ResponseCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def bit_for(self, request: "Request") -> Optional[int]:
+        """lookup() memoized on the request until the cache next changes."""
+        if request.bit_version != self.version:
+            request.bit = self.lookup(request.desc)
+            request.bit_version = self.version
+        return request.bit
 
     def lookup(self, desc: Descriptor) -> Optional[int]:
         """The bit of a cached response matching this rank's descriptor exactly."""
@@ -53,6 +61,7 @@ class ResponseCache:
             _, (bit, _, _) = self._entries.popitem(last=False)
             del self._by_bit[bit]
         bit = self._free_bit()
+        self.version += 1
         self._entries[response.name] = (bit, response, local)
         self._by_bit[bit] = response.name
 

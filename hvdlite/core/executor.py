@@ -7,7 +7,7 @@ the MPI calls here always match across ranks.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -19,6 +19,7 @@ from hvdlite.core import fusion
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 
 Complete = Callable[[Request, Any], None]
+_PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
 
 
 class Executor:
@@ -29,6 +30,7 @@ class Executor:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
         self._fusion = fusion.FusionBuffer()
+        self._plans: dict[Hashable, list[list[Response]]] = {}
 
     def backend_for(self, nbytes: int) -> Any:
         choice = self.config.allreduce
@@ -37,9 +39,10 @@ class Executor:
         return self._ring if choice == "ring" else self._mpi
 
     def run(self, comm: MPI.Comm, responses: Sequence[Response],
-            pending: dict[str, Request]) -> None:
-        allreduces = [r for r in responses if r.desc.kind is Kind.ALLREDUCE]
-        for group in fusion.plan_groups(allreduces, self.config.fusion_threshold):
+            pending: dict[str, Request], plan_key: Optional[Hashable] = None) -> None:
+        """Run agreed responses. ``plan_key`` (the agreed cache bits of a fast-path
+        round) lets steady-state steps reuse their fusion plan."""
+        for group in self._plan(responses, plan_key):
             self._allreduce_group(comm, group, [pending.get(r.name) for r in group])
         for response in responses:
             if response.desc.kind is not Kind.ALLREDUCE:
@@ -47,6 +50,23 @@ class Executor:
                 result = self._run_one(comm, response, request)
                 if request is not None:
                     self._complete(request, result)
+
+    def _plan(self, responses: Sequence[Response],
+              plan_key: Optional[Hashable]) -> list[list[Response]]:
+        key = (plan_key, self.config.fusion_threshold)
+        plan = self._plans.get(key) if plan_key is not None else None
+        if plan is None:
+            allreduces = [r for r in responses if r.desc.kind is Kind.ALLREDUCE]
+            plan = fusion.plan_groups(allreduces, self.config.fusion_threshold)
+            if plan_key is not None:
+                if len(self._plans) >= _PLAN_MEMO_SIZE:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = plan
+        return plan
+
+    def forget_plans(self) -> None:
+        """The cache changed: a bit may now mean another response."""
+        self._plans.clear()
 
     def _span(self, requests: Sequence[Optional[Request]], phase: str, start: float) -> float:
         timeline = self._timeline()
@@ -105,12 +125,15 @@ class Executor:
     @staticmethod
     def _pack(requests: Sequence[Optional[Request]], counts: Sequence[int],
               buf: np.ndarray, prescale: float) -> None:
-        for request, start, count in zip(requests, fusion.offsets(counts), counts):
-            piece = buf[start:start + count]
-            if request is None:      # this rank has joined: contribute zeros
-                piece[...] = 0
-            else:
-                piece[...] = request.array.reshape(-1)
+        if all(request is not None for request in requests):
+            np.concatenate([r.array.reshape(-1) for r in requests], out=buf, casting="unsafe")
+        else:
+            for request, start, count in zip(requests, fusion.offsets(counts), counts):
+                piece = buf[start:start + count]
+                if request is None:      # this rank has joined: contribute zeros
+                    piece[...] = 0
+                else:
+                    piece[...] = request.array.reshape(-1)
         _scale(buf, prescale)
 
     @staticmethod

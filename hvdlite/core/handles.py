@@ -1,4 +1,10 @@
-"""Handles: what an ``*_async`` call returns and ``synchronize`` waits on."""
+"""Handles: what an ``*_async`` call returns and ``synchronize`` waits on.
+
+Slots are plain objects behind one Condition rather than one Event each:
+creating an Event per tensor and taking its lock on completion cost more than
+the collective for small tensors. The engine marks a batch of slots done and
+notifies once per batch.
+"""
 from __future__ import annotations
 
 import threading
@@ -8,65 +14,71 @@ from hvdlite.errors import HvdliteError
 
 
 class _Slot:
-    __slots__ = ("done", "result", "error", "name")
+    __slots__ = ("done", "result", "error")
 
-    def __init__(self, name: str) -> None:
-        self.done = threading.Event()
+    def __init__(self) -> None:
+        self.done = False
         self.result: Any = None
         self.error: Optional[BaseException] = None
-        self.name = name
 
 
 class HandleTable:
     """Thread-safe map from integer handles to pending results."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._next = 0
 
-    def create(self, name: str) -> int:
-        with self._lock:
-            handle = self._next
-            self._next += 1
-            self._slots[handle] = _Slot(name)
-            return handle
+    def create(self) -> int:
+        # Called with the engine's submit lock held, so the counter needs no lock here;
+        # dict assignment is atomic under the GIL.
+        handle = self._next
+        self._next += 1
+        self._slots[handle] = _Slot()
+        return handle
 
-    def _slot(self, handle: int) -> _Slot:
+    def _slot(self, handle: Any) -> _Slot:
         try:
             return self._slots[handle]
-        except KeyError:
+        except (KeyError, TypeError):
             raise HvdliteError(
                 f"handle {handle!r} is unknown: it was never returned by an *_async call "
                 "or has already been synchronized") from None
 
     def complete(self, handle: int, result: Any) -> None:
+        """Mark done without waking waiters; call notify() after a batch."""
         slot = self._slots.get(handle)
-        if slot is not None:
+        if slot is not None and not slot.done:
             slot.result = result
-            slot.done.set()
+            slot.done = True
 
     def fail(self, handle: int, error: BaseException) -> None:
         slot = self._slots.get(handle)
-        if slot is not None and not slot.done.is_set():
+        if slot is not None and not slot.done:
             slot.error = error
-            slot.done.set()
+            slot.done = True
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def fail_all(self, error: BaseException) -> None:
-        with self._lock:
-            handles = list(self._slots)
-        for handle in handles:
+        for handle in list(self._slots):
             self.fail(handle, error)
+        self.notify()
 
     def poll(self, handle: int) -> bool:
-        return self._slot(handle).done.is_set()
+        return self._slot(handle).done
 
     def wait(self, handle: int) -> Any:
         """Block until done, forget the handle, return its result or raise its error."""
         slot = self._slot(handle)
-        slot.done.wait()
-        with self._lock:
-            self._slots.pop(handle, None)
+        if not slot.done:
+            with self._cond:
+                while not slot.done:
+                    self._cond.wait()
+        self._slots.pop(handle, None)
         if slot.error is not None:
             raise slot.error
         return slot.result

@@ -4,6 +4,7 @@ writes the result into the argument. Framework bindings hand in arrays that
 share memory with their tensors."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -47,7 +48,12 @@ def synchronize(handle: Handle) -> Any:
 
 
 # -- validation -------------------------------------------------------------------------
+_OPS_BY_VALUE = {int(op): op for op in ReduceOp}
+
+
 def _reduce_op(op: Optional[int], average: Optional[bool] = None) -> ReduceOp:
+    if average is None and op in _OPS_BY_VALUE:
+        return _OPS_BY_VALUE[op]   # the common case, without enum construction
     if op is not None and average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both")
     if average is not None:
@@ -59,23 +65,38 @@ def _reduce_op(op: Optional[int], average: Optional[bool] = None) -> ReduceOp:
                          "Min, Max, Product") from None
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_class(dtype: np.dtype) -> str:
+    """'int', 'float', 'complex', 'bool' or '' (unsupported); cached per dtype
+    because numpy's issubdtype is slow on a path taken once per tensor."""
+    if dtype == np.bool_:
+        return "bool"
+    if dtype.name == "bfloat16" or np.issubdtype(dtype, np.floating):
+        return "float"
+    if np.issubdtype(dtype, np.integer):
+        return "int"
+    return "complex" if np.issubdtype(dtype, np.complexfloating) else ""
+
+
 def _as_array(tensor: Any, what: str) -> np.ndarray:
     array = np.asarray(tensor)
-    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or
-                                     array.dtype == np.bool_ or array.dtype.name == "bfloat16"):
+    if not _dtype_class(array.dtype):
         raise TypeError(f"{what}: unsupported dtype {array.dtype}; hvdlite moves numeric "
                         "arrays (integers, float16/bfloat16/32/64, complex) and bool")
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def _check_reduction(array: np.ndarray, op: ReduceOp, name: str) -> None:
-    if array.dtype == np.bool_:
+    kind = _dtype_class(array.dtype)
+    if kind == "bool":
         raise TypeError(f"'{name}': cannot reduce bool arrays; cast to an integer type")
-    if np.issubdtype(array.dtype, np.complexfloating) and op in (ReduceOp.MIN, ReduceOp.MAX):
+    if kind == "complex" and op in (ReduceOp.MIN, ReduceOp.MAX):
         raise TypeError(f"'{name}': {op.name} is undefined for complex dtype {array.dtype}")
 
 
 def _check_scale(value: float, label: str) -> float:
+    if value == 1.0:
+        return 1.0
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{label} must be finite, got {value}")
@@ -86,14 +107,18 @@ def _submit(kind: Kind, array: Optional[np.ndarray], name: Optional[str],
             process_set: Optional[ProcessSet], output: Optional[np.ndarray] = None,
             **fields: Any) -> int:
     engine = state.engine(f"hvdlite.{kind.value}()")
-    set_id, ps = state.find_process_set(process_set)
-    if state.rank() not in ps.ranks:
-        raise ValueError(f"rank {state.rank()} is not in {ps!r}; only its members may "
-                         f"call {kind.value} on it")
+    if process_set is None or process_set is state.global_process_set:
+        set_id = 0          # every rank is a member: skip the membership check
+    else:
+        set_id, ps = state.find_process_set(process_set)
+        if state.rank() not in ps.ranks:
+            raise ValueError(f"rank {state.rank()} is not in {ps!r}; only its members may "
+                             f"call {kind.value} on it")
     if array is not None:
-        fields.update(dtype=dtype_name(array.dtype), shape=tuple(array.shape))
-    desc = Descriptor(name=name or state.next_name(kind.value), kind=kind, **fields)
-    return engine.submit(Request(desc, set_id, array=array, output=output))
+        fields["dtype"] = dtype_name(array.dtype)
+        fields["shape"] = array.shape
+    desc = Descriptor(name or state.next_name(kind.value), kind, **fields)
+    return engine.submit(Request(desc, set_id, array, output))
 
 
 # -- allreduce ----------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Benchmarks: ``mpiexec -n 2 python -m hvdlite.bench allreduce``."""

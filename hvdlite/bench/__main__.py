@@ -1,0 +1,13 @@
+"""Entry point: ``python -m hvdlite.bench allreduce [--max-mib 64]``."""
+from __future__ import annotations
+
+import sys
+
+from hvdlite.bench import allreduce
+
+COMMANDS = {"allreduce": allreduce.main}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m hvdlite.bench {{{'|'.join(COMMANDS)}}} [options]")
+    COMMANDS[sys.argv[1]](sys.argv[2:])
