@@ -146,3 +146,12 @@ def test_chunks_and_segments() -> None:
     assert chunk_bounds(5, 5, 4) == []
     assert even_counts(10, 4) == [3, 3, 2, 2]
     assert segment_bounds([3, 0, 2]) == [(0, 3), (3, 3), (3, 5)]
+
+
+def test_slurm_view_is_trusted_only_for_this_very_rank() -> None:
+    from hvdlite.core.topology import slurm_view
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
+    assert slurm_view(3, 4, env) == (1, 1)
+    assert slurm_view(2, 4, env) is None          # PROCID is not this rank (mpirun in sbatch)
+    assert slurm_view(3, 8, env) is None          # the step has another size
+    assert slurm_view(0, 1, {}) is None
