@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,examples,test]'
 	touch $@
 
 demo: install
