@@ -1,4 +1,4 @@
-# make demo: multi-rank training on this machine.  make test: every test.
+# make demo: multi-rank training (a CNN on the digits data set) on this machine.  make test: every test.
 # Both create .venv (Python 3.11 + pip is all they need) and install pinned versions.
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 demo: install
-	$(MPIEXEC) -n $(NP) $(PY) examples/numpy_allreduce.py
+	$(MPIEXEC) -n $(NP) $(PY) examples/pytorch_digits.py
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit tests/integration

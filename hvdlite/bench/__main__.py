@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import sys
 
-from hvdlite.bench import allreduce
+from hvdlite.bench import allreduce, training
 
-COMMANDS = {"allreduce": allreduce.main}
+COMMANDS = {"allreduce": allreduce.main, "training": training.main,
+            "training-worker": training.worker}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -41,6 +41,7 @@ from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, Mismatc
 _log = logging.getLogger("hvdlite")
 _NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
 _PR_SET_TIMERSLACK = 29
+_IDLE_BACKOFF_DOUBLINGS = 3   # idle ticks slow down to at most 8 cycles apart
 _ERRORS = {"MismatchError": MismatchError, "JoinError": JoinError}
 
 
@@ -85,6 +86,7 @@ class Engine:
         self._queue: collections.deque[Request] = collections.deque()
         self._wake = threading.Event()
         self._sleeping = False
+        self._idle_rounds = 0
         self._in_flight: dict[int, set[str]] = {}
         self._dead: Optional[HvdliteError] = None
         self._shutdown_requested = False
@@ -195,8 +197,17 @@ class Engine:
         self._wake.clear()
         busy = self._queue or self._shutdown_requested or any(
             s.pending for s in self.sets.values())
-        if not busy:
-            self._wake.wait(timeout=self.config.cycle_time / 1000.0)
+        if busy:
+            self._idle_rounds = 0
+        else:
+            # An idle engine ticks every cycle, then ever more slowly (up to 8 cycles):
+            # each tick costs ~80 us of CPU here, taken from training between bursts
+            # of gradients. Local work still wakes it at once, and agreement needs
+            # every rank's own submission, which wakes that rank too; only shutdown
+            # notices and process sets with idle non-members wait for slow ticks.
+            backoff = 1 << min(self._idle_rounds, _IDLE_BACKOFF_DOUBLINGS)
+            self._idle_rounds += 1
+            self._wake.wait(timeout=self.config.cycle_time * backoff / 1000.0)
         self._sleeping = False
 
     def _drain_queue(self) -> None:
@@ -235,18 +246,22 @@ class Engine:
         return vector
 
     def _await(self, requests: Sequence[MPI.Request]) -> None:
-        """Poll until every round completes: busy-poll for HVDLITE_SPIN_TIME (Testall
-        releases the GIL), then sleep with growing pauses, so a waiting engine
-        leaves the CPU to the training thread."""
+        """Poll until every round completes, sleeping in growing pauses. While a user
+        thread is blocked in synchronize() the engine busy-polls instead (Testall
+        releases the GIL), for up to HVDLITE_SPIN_TIME per round: that is latency
+        someone is waiting on. Otherwise the CPU belongs to the training thread,
+        which on a core per rank would lose whatever a spinning engine takes."""
         requests = list(requests)
-        if MPI.Request.Testall(requests):
-            return
-        spin_until = time.perf_counter() + self.config.spin_time * 1e-6
-        while time.perf_counter() < spin_until:
-            if MPI.Request.Testall(requests):
-                return
+        budget = self.config.spin_time * 1e-6
         pause, longest = 20e-6, max(50e-6, self.config.cycle_time * 1e-3 / 4)
         while not MPI.Request.Testall(requests):
+            if self.handles.waiting and budget > 0:
+                start = time.perf_counter()
+                while time.perf_counter() - start < 20e-6:
+                    if MPI.Request.Testall(requests):
+                        return
+                budget -= time.perf_counter() - start
+                continue
             time.sleep(pause)
             pause = min(pause * 2, longest)
 

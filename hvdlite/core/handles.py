@@ -29,6 +29,7 @@ class HandleTable:
         self._cond = threading.Condition()
         self._slots: dict[int, _Slot] = {}
         self._next = 0
+        self.waiting = 0   # user threads blocked in wait(); tells the engine to spin
 
     def create(self) -> int:
         # Called with the engine's submit lock held, so the counter needs no lock here;
@@ -76,8 +77,12 @@ class HandleTable:
         slot = self._slot(handle)
         if not slot.done:
             with self._cond:
-                while not slot.done:
-                    self._cond.wait()
+                self.waiting += 1
+                try:
+                    while not slot.done:
+                        self._cond.wait()
+                finally:
+                    self.waiting -= 1
         self._slots.pop(handle, None)
         if slot.error is not None:
             raise slot.error

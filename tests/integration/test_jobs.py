@@ -68,3 +68,14 @@ def test_numpy_demo_trains_identically_on_all_ranks() -> None:
     assert "parameters identical on all ranks: True" in proc.stdout
     error = float(proc.stdout.split("|w - w_true| = ")[1].split(";")[0])
     assert error < 0.05
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    proc = subprocess.run([MPIEXEC, "-n", str(np), sys.executable, "examples/pytorch_digits.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(proc.stdout.rsplit("test accuracy ", 1)[1].split()[0])
+    assert accuracy >= 0.95, proc.stdout
