@@ -32,6 +32,7 @@ test: test-unit test-mpi
 
 bench: install
 	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
+	$(PY) -m hvdlite.bench training
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -79,3 +79,13 @@ def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     accuracy = float(proc.stdout.rsplit("test accuracy ", 1)[1].split()[0])
     assert accuracy >= 0.95, proc.stdout
+
+
+def test_pytorch_synthetic_benchmark_runs() -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "examples/pytorch_synthetic_benchmark.py",
+                           "--model", "mlp", "--fp16-allreduce", "--num-warmup-batches", "1",
+                           "--num-batches-per-iter", "2", "--num-iters", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Total img/sec on 2 rank(s):" in proc.stdout
