@@ -10,31 +10,14 @@ per-link traffic of a bandwidth-optimal allreduce (as nccl-tests report it).
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
+from hvdlite.bench.timing import seconds_per_call
 from hvdlite.core import state
-
-
-def _timed(step: Callable[[], None], seconds: float, comm: MPI.Comm) -> float:
-    """Mean seconds per call on the slowest rank; iteration count agreed by rank 0."""
-    for _ in range(3):
-        step()
-    comm.Barrier()
-    start = time.perf_counter()
-    step()
-    probe = comm.bcast(time.perf_counter() - start, root=0)
-    iterations = max(5, min(20000, int(seconds / max(probe, 1e-7))))
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        step()
-    elapsed = (time.perf_counter() - start) / iterations
-    return comm.allreduce(elapsed, op=MPI.MAX)
 
 
 def _with_backend(name: str, comm: MPI.Comm) -> None:
@@ -52,10 +35,10 @@ def _size_table(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
     for nbytes in sizes:
         buf = np.zeros(nbytes // 4, dtype=np.float32)   # zeros: repeated in-place sums stay finite
         cells, times = [], {}
-        times["raw"] = _timed(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), seconds, comm)
+        times["raw"] = seconds_per_call(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), seconds, comm)
         for backend in ("mpi", "ring", "auto"):
             _with_backend(backend, comm)
-            times[backend] = _timed(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
+            times[backend] = seconds_per_call(lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench"),
                                     seconds, comm)
         for key in ("raw", "mpi", "ring", "auto"):
             busbw = nbytes * factor / times[key] / 1e9
@@ -66,8 +49,8 @@ def _size_table(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
 
 def _latency(comm: MPI.Comm, seconds: float) -> None:
     tiny = np.zeros(1, dtype=np.float32)
-    raw = _timed(lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), seconds, comm)
-    ours = _timed(lambda: hvd.allreduce_(tiny, op=hvd.Sum, name="latency"), seconds, comm)
+    raw = seconds_per_call(lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), seconds, comm)
+    ours = seconds_per_call(lambda: hvd.allreduce_(tiny, op=hvd.Sum, name="latency"), seconds, comm)
     say(f"\n4-byte allreduce round trip: hvdlite {ours * 1e6:.1f} us, raw mpi4py "
         f"{raw * 1e6:.1f} us (target: hvdlite < 100 us; Horovod 0.28 measured ~1100 us here)")
 
@@ -81,8 +64,8 @@ def _many_small(comm: MPI.Comm, seconds: float) -> None:
         for handle in handles:
             hvd.synchronize(handle)
 
-    many = _timed(two_hundred, seconds, comm)
-    one = _timed(lambda: hvd.allreduce_(big, op=hvd.Sum, name="one.800k"), seconds, comm)
+    many = seconds_per_call(two_hundred, seconds, comm)
+    one = seconds_per_call(lambda: hvd.allreduce_(big, op=hvd.Sum, name="one.800k"), seconds, comm)
     say(f"200 x 4 KiB async allreduces: {many * 1e3:.3f} ms; one 800 KiB allreduce: "
         f"{one * 1e3:.3f} ms; ratio {many / one:.2f} (target <= 2; Horovod 0.28: 3.3 ms)")
 

@@ -13,8 +13,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from typing import Callable, Sequence
+
+from hvdlite.bench.timing import seconds_per_call
 
 MODELS = ("mlp", "cnn")
 METHODS = ("hvdlite", "ddp_gloo", "hand_fused")
@@ -37,19 +38,8 @@ def _build(name: str):  # type: ignore[no-untyped-def]
 
 
 def _timed_steps(step: Callable[[], None], seconds: float, comm) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        step()
-    comm.Barrier()
-    start = time.perf_counter()
-    step()
-    probe = comm.bcast(time.perf_counter() - start, root=0)
-    steps = max(10, int(seconds / max(probe, 1e-4)))
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    comm.Barrier()
-    return steps / (time.perf_counter() - start)
+    """Training steps per second on the slowest rank."""
+    return 1.0 / seconds_per_call(step, seconds, comm, warmup=5, min_calls=10)
 
 
 def _loop(model, optimizer, data, backward_hook: Callable[[], None] = lambda: None):  # type: ignore[no-untyped-def]

@@ -94,7 +94,7 @@ class Engine:
         self._inspectors: dict[int, stall.StallInspector] = {}
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
-        self.executor = Executor(config, self._complete, lambda: self.timeline)
+        self.executor = Executor(config, self.complete, lambda: self.timeline)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
 
     # -- user-thread side -----------------------------------------------------------
@@ -341,13 +341,10 @@ class Engine:
             self.handles.notify()
 
     # -- completion and failure -----------------------------------------------------------
-    def _complete(self, request: Request, result: Any) -> None:
+    def complete(self, request: Request, result: Any) -> None:
         # set.discard is atomic under the GIL; the user side only adds under its lock.
         self._in_flight[request.process_set_id].discard(request.desc.name)
         self.handles.complete(request.handle, result)
-
-    def complete(self, request: Request, result: Any) -> None:
-        self._complete(request, result)
 
     def _fail(self, request: Request, error: BaseException) -> None:
         self._in_flight.get(request.process_set_id, set()).discard(request.desc.name)

@@ -13,7 +13,7 @@ import numpy as np
 
 from hvdlite.reduce_op import ReduceOp
 
-__all__ = ["ReduceOp", "dtype_name", "to_dtype", "Kind", "Descriptor", "Request", "Response", "CACHEABLE", "REDUCING"]
+__all__ = ["ReduceOp", "dtype_name", "to_dtype", "Kind", "Descriptor", "Request", "Response", "CACHEABLE"]
 
 
 _NAMED_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -44,7 +44,6 @@ class Kind(enum.Enum):
 # Kinds whose agreed responses are worth remembering for the bit-vector fast path.
 CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
                        Kind.REDUCESCATTER})
-REDUCING = frozenset({Kind.ALLREDUCE, Kind.REDUCESCATTER})
 
 
 class Descriptor(NamedTuple):
@@ -64,14 +63,6 @@ class Descriptor(NamedTuple):
     postscale: float = 1.0
     splits: Optional[tuple[int, ...]] = None
     ranks: Optional[tuple[int, ...]] = None  # process-set membership for ADD_PROCESS_SET
-
-    def describe(self) -> str:
-        parts = [f"{self.kind.value}", f"dtype={self.dtype}", f"shape={self.shape}"]
-        if self.kind in REDUCING:
-            parts.append(f"op={ReduceOp(self.op).name}")
-        if self.kind is Kind.BROADCAST:
-            parts.append(f"root_rank={self.root}")
-        return " ".join(parts)
 
 
 class Request:

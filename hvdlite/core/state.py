@@ -5,7 +5,7 @@ import atexit
 import dataclasses
 import logging
 import threading
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 from mpi4py import MPI
 
@@ -176,6 +176,3 @@ def find_process_set(process_set: Optional[ProcessSet]) -> tuple[int, ProcessSet
         raise HvdliteError(f"{process_set!r} has been removed")
     return set_id, process_set
 
-
-def describe_state() -> dict[str, Any]:
-    return dataclasses.asdict(STATE.topology) if STATE.topology else {}
