@@ -18,7 +18,8 @@ from hvdlite.core.ops import (Average, GroupHandle, Max, Min, Product, Sum, add_
                               synchronize)
 from hvdlite.core.process_sets import ProcessSet
 from hvdlite.core.state import (cross_rank, cross_size, global_process_set, init,
-                                is_homogeneous, is_initialized, local_rank, local_size,
+                                is_homogeneous, is_initialized, local_device, local_rank,
+                                local_size,
                                 mpi_threads_supported, rank, shutdown, size)
 from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
                             NotInitializedError, ShutdownError, StallError)

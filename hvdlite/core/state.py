@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import threading
 from typing import Iterable, Optional, Sequence, Union
 
@@ -146,6 +147,15 @@ def cross_size() -> int:
 
 def is_homogeneous() -> bool:
     return topology("hvdlite.is_homogeneous()").is_homogeneous
+
+
+def local_device() -> int:
+    """The GPU this rank should use: ``torch.cuda.set_device(hvd.local_device())``.
+    Respects CUDA_VISIBLE_DEVICES (see topology.device_for_local_rank)."""
+    from hvdlite.core.topology import device_for_local_rank
+    topo = topology("hvdlite.local_device()")
+    return device_for_local_rank(topo.local_rank, topo.local_size,
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def mpi_threads_supported() -> bool:

@@ -5,7 +5,8 @@ re-exported unchanged; collectives here take and return torch tensors.
 """
 from hvdlite import (Average, Max, Min, Product, ProcessSet, ReduceOp, Sum, add_process_set,
                      barrier, ccl_built, cross_rank, cross_size, cuda_built, gloo_built,
-                     global_process_set, init, is_homogeneous, is_initialized, local_rank,
+                     global_process_set, init, is_homogeneous, is_initialized, local_device,
+                     local_rank,
                      local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                      rank, remove_process_set, shutdown, size, start_timeline, stop_timeline)
 from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,

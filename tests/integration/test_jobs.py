@@ -89,3 +89,33 @@ def test_pytorch_synthetic_benchmark_runs() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Total img/sec on 2 rank(s):" in proc.stdout
+
+
+def _hvdliterun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hvdlite.run", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_hvdliterun_runs_the_job_and_passes_knobs(np: int, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    proc = _hvdliterun("-np", str(np), "--timeline-filename", str(trace), sys.executable,
+                       "examples/numpy_allreduce.py", "--steps", "20")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{np} ranks, 20 steps" in proc.stdout
+    assert json.loads(trace.read_text())          # HVDLITE_TIMELINE reached the ranks
+
+
+def test_hvdliterun_exit_code_is_the_jobs() -> None:
+    proc = _hvdliterun("-np", "2", sys.executable, "-m", "tests.integration.jobs", "crash")
+    assert proc.returncode != 0
+    assert "deliberate failure" in proc.stderr + proc.stdout
+
+
+def test_hvdliterun_dry_run_and_check() -> None:
+    proc = _hvdliterun("-np", "3", "--cycle-time-ms", "2", "--dry-run", "python", "x.py")
+    assert proc.returncode == 0 and " -n 3 " in proc.stdout
+    assert "HVDLITE_CYCLE_TIME 2.0" in proc.stdout and proc.stdout.strip().endswith("python x.py")
+    check = _hvdliterun("--check")
+    assert check.returncode == 0 and "MPI library:" in check.stdout and "torch:" in check.stdout

@@ -1,0 +1,1 @@
+"""Launching hvdlite jobs: ``hvdliterun`` and cluster helpers. Imports no framework."""

@@ -1,0 +1,112 @@
+"""``hvdliterun``: start a training script on N ranks with the MPI in use.
+
+    hvdliterun -np 4 python train.py --epochs 3
+    hvdliterun -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
+    hvdliterun --check
+
+Knobs given here become HVDLITE_* variables on every rank; the exit code is the job's.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
+                                     hosts_argument)
+
+# flag -> (HVDLITE_ variable, conversion to the variable's unit)
+_KNOBS = {
+    "fusion_threshold_mb": ("HVDLITE_FUSION_THRESHOLD", lambda v: f"{v}MiB"),
+    "cycle_time_ms": ("HVDLITE_CYCLE_TIME", str),
+    "timeline_filename": ("HVDLITE_TIMELINE", str),
+    "stall_check_seconds": ("HVDLITE_STALL_CHECK_TIME", str),
+    "stall_shutdown_seconds": ("HVDLITE_STALL_SHUTDOWN_TIME", str),
+    "allreduce": ("HVDLITE_ALLREDUCE", str),
+    "log_level": ("HVDLITE_LOG_LEVEL", str),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hvdliterun", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks")
+    p.add_argument("-H", "--hosts", help="host:slots,... (default: this machine)")
+    p.add_argument("--hostfile", help="a file of hosts, in the launcher's own format")
+    p.add_argument("--fusion-threshold-mb", type=float)
+    p.add_argument("--cycle-time-ms", type=float)
+    p.add_argument("--timeline-filename")
+    p.add_argument("--stall-check-seconds", type=float)
+    p.add_argument("--stall-shutdown-seconds", type=float)
+    p.add_argument("--allreduce", choices=["auto", "mpi", "ring"])
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--mpiexec", help="launcher to use (default: this Python's, then PATH)")
+    p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    p.add_argument("--check", action="store_true", help="print what hvdlite can use, and exit")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+def build_command(args: argparse.Namespace) -> list[str]:
+    launcher = find_launcher(args.mpiexec)
+    env = {var: convert(getattr(args, flag)) for flag, (var, convert) in _KNOBS.items()
+           if getattr(args, flag) is not None}
+    slots = _total_slots(args.hosts) if args.hosts else (None if args.hostfile else os.cpu_count())
+    return ([launcher.path, "-n", str(args.np)] + hosts_argument(launcher.flavor, args.hosts,
+                                                                  args.hostfile)
+            + flavor_flags(launcher.flavor, args.np, slots)
+            + env_arguments(launcher.flavor, env) + list(args.command))
+
+
+def _total_slots(hosts: str) -> int:
+    total = 0
+    for entry in hosts.split(","):
+        _, _, slots = entry.partition(":")
+        total += int(slots) if slots else 1
+    return total
+
+
+def check() -> int:
+    """What this installation can use, without starting a job."""
+    launcher = find_launcher()
+    from mpi4py import MPI   # initializes a singleton MPI: fine in the launcher
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    print(f"MPI library:   {MPI.Get_library_version().splitlines()[0].strip()}")
+    print(f"thread level:  {levels.get(MPI.Query_thread(), '?')} (the engine needs at least "
+          "serialized; multiple is best)")
+    print(f"launcher:      {launcher.path} ({launcher.flavor}: {launcher.version})")
+    for module in ("torch", "tensorflow", "cupy"):
+        found = importlib.util.find_spec(module) is not None
+        print(f"{module + ':':14} {'available' if found else 'not installed'}")
+    nccl = importlib.util.find_spec("cupy") is not None and importlib.util.find_spec(
+        "cupy.cuda.nccl") is not None
+    print(f"{'NCCL:':14} {'available through CuPy' if nccl else 'not available'}"
+          " (hvdlite's NCCL path is not part of this build)")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    if args.check:
+        return check()
+    if not args.np or not args.command:
+        parser().error("give -np N and a command, e.g. hvdliterun -np 2 python train.py")
+    command = build_command(args)
+    if args.dry_run:
+        print(" ".join(_quote(part) for part in command))
+        return 0
+    return subprocess.call(command)
+
+
+def _quote(part: str) -> str:
+    import shlex
+    return shlex.quote(part)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

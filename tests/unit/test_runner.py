@@ -1,0 +1,74 @@
+"""hvdliterun's command building and the GPU pinning rule, without running MPI jobs."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hvdlite.core.topology import device_for_local_rank
+from hvdlite.runner import launch
+from hvdlite.runner.mpi_impl import env_arguments, find_launcher, flavor_flags, hosts_argument
+
+
+def _fake_launcher(tmp_path: Path, banner: str) -> str:
+    path = tmp_path / "mpiexec"
+    path.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_flavor_is_detected_from_the_launcher(tmp_path: Path) -> None:
+    assert find_launcher(_fake_launcher(tmp_path, "mpiexec (Open MPI) 4.1.4")).flavor == "openmpi"
+    assert find_launcher(_fake_launcher(tmp_path, "HYDRA build details:\n Version: 4.2")).flavor == "mpich"
+
+
+def test_command_for_mpich_passes_knobs_and_hosts(tmp_path: Path) -> None:
+    args = launch.parser().parse_args([
+        "-np", "4", "-H", "a:2,b:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "0.5",
+        "--timeline-filename", "/tmp/t.json", "--stall-check-seconds", "30",
+        "--mpiexec", _fake_launcher(tmp_path, "HYDRA Version: 4"), "python", "train.py", "--lr", "1"])
+    command = launch.build_command(args)
+    assert command[1:3] == ["-n", "4"] and command[3:5] == ["-hosts", "a:2,b:2"]
+    for name, value in [("HVDLITE_FUSION_THRESHOLD", "32.0MiB"), ("HVDLITE_CYCLE_TIME", "0.5"), ("HVDLITE_TIMELINE", "/tmp/t.json"),
+                        ("HVDLITE_STALL_CHECK_TIME", "30.0")]:
+        index = command.index(name)
+        assert command[index - 1] == "-genv" and command[index + 1] == value
+    assert command[-4:] == ["python", "train.py", "--lr", "1"]
+
+
+def test_command_for_open_mpi_as_root_oversubscribed(tmp_path: Path) -> None:
+    args = launch.parser().parse_args([
+        "-np", "64", "--allreduce", "ring", "--mpiexec",
+        _fake_launcher(tmp_path, "mpirun (Open MPI) 5.0"), "python", "t.py"])
+    command = launch.build_command(args)
+    assert "--oversubscribe" in command
+    assert ("--allow-run-as-root" in command) == (os.geteuid() == 0)
+    assert "-x" in command and "HVDLITE_ALLREDUCE=ring" in command
+
+
+def test_launcher_argument_spellings() -> None:
+    assert hosts_argument("mpich", None, "hosts.txt") == ["-f", "hosts.txt"]
+    assert hosts_argument("openmpi", "a:2", None) == ["--host", "a:2"]
+    with pytest.raises(ValueError, match="not both"):
+        hosts_argument("mpich", "a:2", "hosts.txt")
+    assert env_arguments("openmpi", {"B": "2", "A": "1"}) == ["-x", "A=1", "-x", "B=2"]
+    assert flavor_flags("mpich", 99, 2) == []
+    assert "--oversubscribe" not in flavor_flags("openmpi", 2, 4)
+
+
+@pytest.mark.parametrize("local_rank,local_size,visible,expected", [
+    (0, 4, None, 0), (3, 4, None, 3),               # no restriction: one GPU per local rank
+    (2, 4, "4,5,6,7", 2),                          # indices are relative to the visible list
+    (3, 4, "2", 0),                                # the scheduler gave this rank its own GPU
+    (3, 4, "0,1", 1),                              # fewer GPUs than ranks: round-robin
+])
+def test_device_for_local_rank(local_rank: int, local_size: int, visible: str | None,
+                               expected: int) -> None:
+    assert device_for_local_rank(local_rank, local_size, visible) == expected
+
+
+def test_no_visible_gpu_is_an_error() -> None:
+    with pytest.raises(ValueError, match="hides every GPU"):
+        device_for_local_rank(0, 2, "")
