@@ -72,3 +72,25 @@ def test_device_for_local_rank(local_rank: int, local_size: int, visible: str | 
 def test_no_visible_gpu_is_an_error() -> None:
     with pytest.raises(ValueError, match="hides every GPU"):
         device_for_local_rank(0, 2, "")
+
+
+def test_rendered_slurm_gpu_job() -> None:
+    from hvdlite.runner.jobs import render
+    script = render("slurm", nodes=2, tasks_per_node=None, gpus_per_node=4, cpus_per_task=None,
+                    job_name="run1", time_limit="01:00:00", partition=None,
+                    command=["python", "train.py", "--name", "a b"])
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:4",
+                 "#SBATCH --job-name=run1", "#SBATCH --time=01:00:00"):
+        assert line in script.splitlines()
+    assert script.rstrip().endswith("exec srun python train.py --name 'a b'")
+    assert 'SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in script
+
+
+def test_rendered_mpirun_job_and_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from hvdlite.runner.jobs import main
+    assert main(["mpirun", "--nodes", "2", "--tasks-per-node", "3", "--", "python", "t.py", "--x"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --ntasks-per-node=3" in script
+    assert script.rstrip().endswith('exec hvdliterun -np "${SLURM_NTASKS}" python t.py --x')
+    with pytest.raises(SystemExit):
+        main(["slurm", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "python", "t.py"])
