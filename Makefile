@@ -9,7 +9,7 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install demo test test-unit test-mpi bench clean
+.PHONY: install demo test test-unit test-slurm test-mpi bench clean
 
 install: $(VENV)/.installed
 
@@ -24,11 +24,16 @@ demo: install
 test-unit: install
 	$(PY) -m pytest -q tests/unit tests/integration
 
+# A real SLURM cluster on this host (installs Debian's slurm-wlm + munge if missing;
+# skips with the reason where that is impossible).
+test-slurm: install
+	$(PY) -m pytest -q tests/slurm
+
 test-mpi: install
 	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
 	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
 
-test: test-unit test-mpi
+test: test-unit test-slurm test-mpi
 
 bench: install
 	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce

@@ -14,7 +14,7 @@ from hvdlite.config import Config
 from hvdlite.core import failure
 from hvdlite.core.engine import Engine
 from hvdlite.core.process_sets import ProcessSet
-from hvdlite.core.topology import Topology
+from hvdlite.core.topology import Topology, check_launch
 from hvdlite.errors import HvdliteError, NotInitializedError
 
 _log = logging.getLogger("hvdlite")
@@ -53,6 +53,7 @@ def init(comm: Union[MPI.Comm, Sequence[int], None] = None,
             STATE.engine.shutdown()
         config = Config.load()
         _configure_logging(config)
+        check_launch(MPI.COMM_WORLD.Get_size())
         engine = Engine(config, _resolve_comm(comm))
         topology = engine.start()
         STATE.config, STATE.engine, STATE.topology = config, engine, topology

@@ -43,6 +43,24 @@ def slurm_view(rank: int, size: int, environ: Mapping[str, str]) -> Optional[tup
     return (node, local) if procid == rank and ntasks == size else None
 
 
+def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse the classic SLURM mistake: srun started N tasks but each one is its
+    own MPI world of size 1 (srun --mpi=none with an MPI that needs PMI2), which
+    would silently train N independent copies of the model."""
+    environ = os.environ if environ is None else environ
+    try:
+        tasks = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1")))
+    except ValueError:
+        return
+    if "SLURM_PROCID" in environ and tasks > 1 and world_size == 1:
+        from hvdlite.errors import HvdliteError
+        raise HvdliteError(
+            f"srun started {tasks} tasks, but this one (SLURM_PROCID="
+            f"{environ['SLURM_PROCID']}) is an MPI world of size 1: the tasks cannot see "
+            "each other. srun must use the PMI of your MPI: `srun --mpi=pmi2` for MPICH "
+            "(or export SLURM_MPI_TYPE=pmi2), `--mpi=pmix` for Open MPI built with PMIx.")
+
+
 def detect(comm: MPI.Comm, environ: Optional[Mapping[str, str]] = None) -> Topology:
     """Collective over ``comm``: every rank must call it."""
     environ = os.environ if environ is None else environ

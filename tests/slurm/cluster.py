@@ -1,0 +1,140 @@
+"""A real SLURM cluster on this host: one slurmctld and two slurmd playing nodes
+n1 and n2 (Debian's build allows several slurmd per host), for the job tests."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+NODES = ("n1", "n2")
+CPUS_PER_NODE = 2
+# Daemons of a run that was killed (a timeout, ^C) would hold the ports: remember
+# what we start and end it at the next start.
+PIDFILE = Path("/tmp/hvdlite-slurm-daemons.pids")
+
+
+def _config(root: Path, host: str, base_port: int) -> str:
+    nodes = "\n".join(
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={base_port + 1 + i} "
+        f"CPUs={CPUS_PER_NODE} State=UNKNOWN" for i, name in enumerate(NODES))
+    return f"""ClusterName=hvdlite
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={base_port}
+AuthType=auth/munge
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+EnforcePartLimits=ALL
+MinJobAge=5
+ReturnToService=2
+MpiDefault=none
+SlurmdParameters=config_overrides
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.%n.log
+TmpFS={root}/tmp/%n
+{nodes}
+PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class Cluster:
+    def __init__(self, root: Path, base_port: int = 16817) -> None:
+        self.root = root
+        self.env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
+        self.base_port = base_port
+        self._daemons: list[subprocess.Popen[bytes]] = []
+
+    def start(self, timeout: float = 60) -> None:
+        _end_stale_daemons()
+        for sub in ["state", "spool/n1", "spool/n2", "tmp/n1", "tmp/n2"]:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        host = socket.gethostname()
+        (self.root / "slurm.conf").write_text(_config(self.root, host, self.base_port))
+        self._start_munge()
+        self._spawn(["slurmctld", "-D", "-i"])
+        for node in NODES:
+            self._spawn(["slurmd", "-D", "-N", node])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
+            idle = [line for line in states.splitlines() if line.split()[-1:] == ["idle"]]
+            if len(idle) == len(NODES):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"SLURM nodes not idle after {timeout} s:\n{states}\n" + self.logs())
+
+    def _start_munge(self) -> None:
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "--create", "--force"], check=True)
+        if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
+            Path("/run/munge").mkdir(parents=True, exist_ok=True)
+            subprocess.run(["munged", "--force"], check=True)
+
+    def _spawn(self, argv: list[str]) -> None:
+        log = open(self.root / f"{argv[0]}-{len(self._daemons)}.out", "wb")
+        daemon = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
+        self._daemons.append(daemon)
+        with PIDFILE.open("a") as pids:
+            pids.write(f"{daemon.pid}\n")
+
+    def run(self, argv: list[str], check: bool = True, timeout: float = 300,
+            **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                              check=check, timeout=timeout, **kwargs)  # type: ignore[arg-type]
+
+    def sbatch(self, script: str, args: list[str], sbatch_options: list[str],
+               cwd: Path, extra_env: dict[str, str] | None = None,
+               timeout: float = 120) -> tuple[int, str]:
+        """Submit with --wait; returns (the job's exit code, its output). A job still
+        running after ``timeout`` is cancelled and reported as exit code 124."""
+        out = self.root / f"job-{time.monotonic_ns()}.out"
+        env = dict(self.env, **(extra_env or {}))
+        try:
+            proc = subprocess.run(["sbatch", "--wait", "-o", str(out), *sbatch_options, script,
+                                   *args], env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=timeout)
+            code, stderr = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired:
+            self.run(["scancel", "--user", str(os.getuid())], check=False)
+            time.sleep(2)
+            code, stderr = 124, f"[cancelled after {timeout} s]"
+        return code, (out.read_text() if out.exists() else "") + stderr
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.root.glob("*.log")))
+
+    def stop(self) -> None:
+        for daemon in self._daemons:
+            daemon.terminate()
+        for daemon in self._daemons:
+            try:
+                daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        PIDFILE.unlink(missing_ok=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _end_stale_daemons() -> None:
+    if not PIDFILE.exists():
+        return
+    for line in PIDFILE.read_text().split():
+        try:
+            os.kill(int(line), 9)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+    PIDFILE.unlink(missing_ok=True)
+    time.sleep(0.5)
