@@ -25,11 +25,3 @@ class SetState:
                cache_capacity: int) -> "SetState":
         coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
         return cls(set_id, ranks, comm, ResponseCache(cache_capacity), coordinator)
-
-    @property
-    def rank(self) -> int:
-        return self.comm.Get_rank()
-
-    @property
-    def size(self) -> int:
-        return self.comm.Get_size()

@@ -10,10 +10,15 @@ from hvdlite.core.negotiation import Coordinator
 _log = logging.getLogger("hvdlite")
 
 
+def _limits(config: Any) -> list[float]:
+    """The stall thresholds in force (a value of 0 turns its check off)."""
+    return [t for t in (config.stall_check_time, config.stall_shutdown_time) if t > 0]
+
+
 def report_after(config: Any) -> Optional[float]:
     """Seconds after which a pending request is sent to the coordinator even if it
     is cached, so rank 0 can see who is missing. None when inspection is off."""
-    limits = [t for t in (config.stall_check_time, config.stall_shutdown_time) if t > 0]
+    limits = _limits(config)
     return min(limits) / 4 if limits else None
 
 
@@ -26,7 +31,7 @@ class StallInspector:
     def check(self, coordinator: Coordinator) -> Optional[str]:
         """Warn about stalled tensors; return a message if they must become an error."""
         now = time.monotonic()
-        limits = [t for t in (self.config.stall_check_time, self.config.stall_shutdown_time) if t]
+        limits = _limits(self.config)
         if not limits or now < self._next_check:
             return None
         self._next_check = now + min(1.0, min(limits) / 4)
