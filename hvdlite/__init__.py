@@ -1,30 +1,44 @@
 """hvdlite: Horovod-style data-parallel training on mpi4py and NumPy.
 
 ``import hvdlite as hvd`` gives the runtime on NumPy arrays; the framework
-bindings (``hvdlite.torch``...) re-export all of it. Importing has no side
-effects: nothing starts before ``hvd.init()``.
+bindings (``hvdlite.torch``...) export the same names on their own tensors.
+Importing has no side effects: mpi4py, and with it MPI, is loaded by
+``hvd.init()``, never at import.
 """
-from hvdlite.core.objects import (allgather_object, broadcast_object, ccl_built, cuda_built,
-                                  gloo_built, mpi_built, mpi_enabled, nccl_built,
-                                  start_timeline, stop_timeline)
-from hvdlite.core.ops import (Average, GroupHandle, Max, Min, Product, Sum, add_process_set,
-                              allgather, allgather_async, allreduce, allreduce_,
-                              allreduce_async, allreduce_async_, alltoall, alltoall_async,
-                              barrier, broadcast, broadcast_, broadcast_async,
-                              broadcast_async_, grouped_allgather, grouped_allreduce,
-                              grouped_allreduce_, grouped_allreduce_async,
-                              grouped_allreduce_async_, grouped_reducescatter, join, poll,
-                              reducescatter, reducescatter_async, remove_process_set,
-                              synchronize)
-from hvdlite.core.process_sets import ProcessSet
-from hvdlite.core.state import (cross_rank, cross_size, global_process_set, init,
-                                is_homogeneous, is_initialized, local_device, local_rank,
-                                local_size,
-                                mpi_threads_supported, rank, shutdown, size)
-from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
-                            NotInitializedError, ShutdownError, StallError)
+from hvdlite.api.adapter import NUMPY as _NUMPY
+from hvdlite.api.binding import OP_NAMES as _OP_NAMES, make_ops as _make_ops
+from hvdlite.api.collectives import GroupHandle, add_process_set, remove_process_set
+from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, cuda_built,
+                                 gloo_built, mpi_built, mpi_enabled, nccl_built,
+                                 start_timeline, stop_timeline)
+from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.api.runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized,
+                                 local_device, local_rank, local_size, mpi_threads_supported,
+                                 rank, shutdown, size)
+from hvdlite.compression import Compression
+from hvdlite.errors import (ConfigError, DuplicateNameError, HvdliteError, HvdliteTypeError,
+                            JoinError, MismatchError, NotInitializedError, ShutdownError,
+                            StallError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
+                                   ReduceOp.PRODUCT)
+
+globals().update(_make_ops(_NUMPY))   # allreduce, allreduce_async, ... (see OP_NAMES)
+
+# Shared by every binding: a binding's __all__ is its op set plus these names.
+COMMON_NAMES = (
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "local_device", "mpi_threads_supported",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline",
+    "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "GroupHandle",
+    "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
+    "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
+    "ShutdownError",
+)
+
+__all__ = list(_OP_NAMES) + list(COMMON_NAMES) + ["COMMON_NAMES", "__version__"]

@@ -2,17 +2,31 @@
 
 ``HvdliteError`` subclasses ``RuntimeError`` because Horovod's collective errors
 are RuntimeErrors, so a script that catches those keeps working. Misuse that
-Horovod reports as ``ValueError`` (calls before ``init``, duplicate names) is
-also a ``ValueError`` here, through multiple inheritance.
+Horovod reports as ``ValueError`` or ``TypeError`` is also one of those here,
+through multiple inheritance (:class:`UsageError`, :class:`HvdliteTypeError`).
+
+Errors decided on one rank and raised on every rank travel between ranks as an
+:class:`ErrorKind` plus the message text; :func:`error_class` maps the kind
+back to the class, so no exception is ever rebuilt from its text.
 """
 from __future__ import annotations
+
+import enum
 
 
 class HvdliteError(RuntimeError):
     """Base class of every error raised by hvdlite."""
 
 
-class NotInitializedError(HvdliteError, ValueError):
+class UsageError(HvdliteError, ValueError):
+    """A call's arguments cannot be used (a bad root rank, splits, shape...)."""
+
+
+class HvdliteTypeError(HvdliteError, TypeError):
+    """A call was given an object of a type it does not accept."""
+
+
+class NotInitializedError(UsageError):
     """An hvdlite function was called before ``hvdlite.init()``."""
 
     def __init__(self, what: str = "this function") -> None:
@@ -21,12 +35,17 @@ class NotInitializedError(HvdliteError, ValueError):
         )
 
 
-class DuplicateNameError(HvdliteError, ValueError):
+class DuplicateNameError(UsageError):
     """A collective was submitted under a name that is already in flight."""
 
 
+class ConfigError(UsageError):
+    """An HVDLITE_* variable or an argument has a value that cannot be used."""
+
+
 class MismatchError(HvdliteError):
-    """Ranks submitted the same tensor name with different parameters."""
+    """Ranks submitted the same tensor name with different parameters, or one
+    rank's arguments were invalid (every rank raises this, naming that rank)."""
 
 
 class JoinError(HvdliteError):
@@ -41,5 +60,23 @@ class ShutdownError(HvdliteError):
     """hvdlite was shut down (here or on another rank); collectives cannot complete."""
 
 
-class ConfigError(HvdliteError, ValueError):
-    """An HVDLITE_* variable or an argument has a value that cannot be used."""
+class ErrorKind(enum.Enum):
+    """What went wrong, as it travels from the coordinator to every rank."""
+    MISMATCH = "mismatch"
+    JOIN = "join"
+    USAGE = "usage"
+    PROCESS_SET = "process_set"
+    INTERNAL = "internal"
+
+
+_CLASSES: dict[ErrorKind, type[HvdliteError]] = {
+    ErrorKind.MISMATCH: MismatchError,
+    ErrorKind.JOIN: JoinError,
+    ErrorKind.USAGE: UsageError,
+    ErrorKind.PROCESS_SET: HvdliteError,
+    ErrorKind.INTERNAL: HvdliteError,
+}
+
+
+def error_class(kind: ErrorKind) -> type[HvdliteError]:
+    return _CLASSES[kind]

@@ -1,4 +1,5 @@
-"""MPI's own collectives on the (persistent) fusion buffer."""
+"""MPI's own collectives, on host buffers: the backend that supports everything
+on the CPU and ends every chain."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -6,6 +7,7 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
+from hvdlite.backends.base import DONE, Buffer, Done, offsets, widened_dtype
 from hvdlite.reduce_op import ReduceOp
 
 MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
@@ -15,13 +17,52 @@ MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.M
 class MpiBackend:
     name = "mpi"
 
-    def allreduce(self, comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    def __init__(self) -> None:
+        self._comms: dict[int, MPI.Comm] = {}
+
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+        return device == "cpu"
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        return widened_dtype(dtype)
+
+    def open_set(self, set_id: int, comm: MPI.Comm) -> None:
+        self._comms[set_id] = comm
+
+    def close_set(self, set_id: int) -> None:
+        self._comms.pop(set_id, None)
+
+    def comm(self, set_id: int) -> MPI.Comm:
+        return self._comms[set_id]
+
+    def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
+        comm = self._comms[set_id]
         if comm.Get_size() > 1 and buf.size:
             comm.Allreduce(MPI.IN_PLACE, buf, op=MPI_OPS[op])
+        return DONE
 
-    def reducescatter(self, comm: MPI.Comm, buf: np.ndarray, counts: Sequence[int],
-                      out: np.ndarray, op: ReduceOp) -> None:
+    def allgather(self, set_id: int, send: Buffer, recv: Buffer,
+                  counts: Sequence[int]) -> Done:
+        self._comms[set_id].Allgatherv([send, MPI.BYTE],
+                                       [recv, (list(counts), offsets(counts)), MPI.BYTE])
+        return DONE
+
+    def broadcast(self, set_id: int, buf: Buffer, root: int) -> Done:
+        self._comms[set_id].Bcast([buf, MPI.BYTE], root=root)
+        return DONE
+
+    def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
+                 recv: Buffer, recv_counts: Sequence[int]) -> Done:
+        self._comms[set_id].Alltoallv(
+            [send, (list(send_counts), offsets(send_counts)), MPI.BYTE],
+            [recv, (list(recv_counts), offsets(recv_counts)), MPI.BYTE])
+        return DONE
+
+    def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
+                      out: Buffer, op: ReduceOp) -> Done:
+        comm = self._comms[set_id]
         if comm.Get_size() == 1:
             out[...] = buf[: counts[0]]
-            return
-        comm.Reduce_scatter(buf, out, recvcounts=list(counts), op=MPI_OPS[op])
+        else:
+            comm.Reduce_scatter(buf, out, recvcounts=list(counts), op=MPI_OPS[op])
+        return DONE

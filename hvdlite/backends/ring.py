@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends import even_counts, segment_bounds
+from hvdlite.backends.base import DONE, Done, even_counts, segment_bounds, widened_dtype
 from hvdlite.reduce_op import ReduceOp
 
 _UFUNCS: dict[ReduceOp, Callable[..., np.ndarray]] = {
@@ -39,12 +39,31 @@ def allgather_schedule(rank: int, size: int) -> list[tuple[int, int]]:
     return [((rank - s) % size, (rank - s - 1) % size) for s in range(size - 1)]
 
 
+_RING_KINDS = frozenset({"allreduce", "reducescatter"})
+
+
 class RingBackend:
+    """Allreduce and reducescatter on host buffers of at least ``min_bytes``
+    (HVDLITE_RING_THRESHOLD under HVDLITE_ALLREDUCE=auto, 0 when chosen outright)."""
     name = "ring"
 
-    def __init__(self, chunk_bytes: int) -> None:
+    def __init__(self, chunk_bytes: int, min_bytes: int = 0) -> None:
         self.chunk_bytes = max(64, chunk_bytes)
+        self.min_bytes = min_bytes
         self._scratch = np.empty(0, dtype=np.uint8)
+        self._comms: dict[int, MPI.Comm] = {}
+
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+        return kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        return widened_dtype(dtype)
+
+    def open_set(self, set_id: int, comm: MPI.Comm) -> None:
+        self._comms[set_id] = comm
+
+    def close_set(self, set_id: int) -> None:
+        self._comms.pop(set_id, None)
 
     def _scratch_pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
         nbytes = elems * dtype.itemsize
@@ -53,21 +72,24 @@ class RingBackend:
         raw = self._scratch
         return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)
 
-    def allreduce(self, comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
+        comm = self._comms[set_id]
         size = comm.Get_size()
-        if size == 1 or buf.size == 0:
-            return
-        bounds = segment_bounds(even_counts(buf.size, size))
-        self._reduce_scatter(comm, buf, bounds, op)
-        self._allgather(comm, buf, bounds)
+        if size > 1 and buf.size:
+            bounds = segment_bounds(even_counts(buf.size, size))
+            self._reduce_scatter(comm, buf, bounds, op)
+            self._allgather(comm, buf, bounds)
+        return DONE
 
-    def reducescatter(self, comm: MPI.Comm, buf: np.ndarray, counts: Sequence[int],
-                      out: np.ndarray, op: ReduceOp) -> None:
+    def reducescatter(self, set_id: int, buf: np.ndarray, counts: Sequence[int],
+                      out: np.ndarray, op: ReduceOp) -> Done:
+        comm = self._comms[set_id]
         bounds = segment_bounds(counts)
         if comm.Get_size() > 1:
             self._reduce_scatter(comm, buf, bounds, op)
         start, end = bounds[comm.Get_rank()]
         out[...] = buf[start:end]
+        return DONE
 
     def _reduce_scatter(self, comm: MPI.Comm, buf: np.ndarray,
                         bounds: Sequence[tuple[int, int]], op: ReduceOp) -> None:

@@ -17,13 +17,12 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite.bench.timing import seconds_per_call
-from hvdlite.core import state
+from hvdlite.api import runtime
+from hvdlite.api.collectives import reconfigure
 
 
 def _with_backend(name: str, comm: MPI.Comm) -> None:
-    hvd.barrier()           # switch only while no allreduce is in flight anywhere
-    state.config().allreduce = name
-    hvd.barrier()
+    reconfigure(allreduce=name)   # negotiated: every rank switches between the same ops
 
 
 def _size_table(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
@@ -93,8 +92,8 @@ def main(argv: Sequence[str]) -> None:
     comm = MPI.COMM_WORLD.Dup()   # the baseline's own communicator
     say(f"hvdlite {hvd.__version__} allreduce benchmark: {hvd.size()} ranks, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, fusion threshold "
-        f"{state.config().fusion_threshold >> 20} MiB, ring from "
-        f"{state.config().ring_threshold >> 10} KiB in auto")
+        f"{runtime.config().fusion_threshold >> 20} MiB, ring from "
+        f"{runtime.config().ring_threshold >> 10} KiB in auto")
     sizes = [4 << 10 << (2 * i) for i in range(20) if (4 << 10 << (2 * i)) <= args.max_mib << 20]
     _size_table(comm, sizes, args.seconds)
     _with_backend("auto", comm)

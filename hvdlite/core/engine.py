@@ -28,21 +28,27 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.core import process_sets, stall
+from hvdlite.core import stall
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
+from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
-from hvdlite.core.setstate import SetState
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
-from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
-                            ShutdownError, StallError)
+from hvdlite.errors import (DuplicateNameError, HvdliteError, ShutdownError, StallError,
+                            error_class)
 
 _log = logging.getLogger("hvdlite")
 _NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
 _PR_SET_TIMERSLACK = 29
 _IDLE_BACKOFF_DOUBLINGS = 3   # idle ticks slow down to at most 8 cycles apart
-_ERRORS = {"MismatchError": MismatchError, "JoinError": JoinError}
+_CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
+# _await's schedule: spin in slices short enough to notice completion within a
+# few microseconds, and sleep in pauses that start at 20 us (the latency of a
+# wake-up on this kind of VM) and double up to a quarter of the idle cycle.
+_SPIN_SLICE_S = 20e-6
+_FIRST_PAUSE_S = 20e-6
+_LONGEST_PAUSE_FLOOR_S = 50e-6
 
 
 @dataclasses.dataclass
@@ -75,8 +81,6 @@ class Engine:
         self.config = config
         self.handles = HandleTable()
         self.topology: Optional[Topology] = None
-        self.sets: dict[int, SetState] = {}
-        self.set_ranks: dict[int, tuple[int, ...]] = {}   # every registered set
         self.timeline: Optional[Timeline] = None
         self._comm = comm
         # Submission: the user side appends to a deque (atomic under the GIL) and sets
@@ -95,6 +99,8 @@ class Engine:
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
         self.executor = Executor(config, self.complete, lambda: self.timeline)
+        self.registry = ProcessSetRegistry(config.cache_capacity, self._open_set,
+                                           self.executor.close_set)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
 
     # -- user-thread side -----------------------------------------------------------
@@ -106,8 +112,13 @@ class Engine:
         assert self.topology is not None
         return self.topology
 
-    def submit(self, request: Request) -> int:
-        """Queue a request and return its handle; raises before queueing on misuse."""
+    def submit(self, request: Request, finish: Any = None) -> int:
+        """Queue a request and return its handle; raises before queueing on misuse.
+
+        ``finish`` turns the result into what ``synchronize`` returns (a binding's
+        tensor). An error marker (``request.desc.error``) gets no handle: it only
+        tells the other ranks, through negotiation, that this rank's call failed.
+        """
         with self._submit_lock:
             self.raise_if_dead()
             names = self._in_flight.setdefault(request.process_set_id, set())
@@ -117,7 +128,8 @@ class Engine:
                     "is already in flight; synchronize it before reusing the name, or "
                     "give each concurrent tensor its own name.")
             names.add(request.desc.name)
-            request.handle = self.handles.create()
+            if not request.desc.error:
+                request.handle = self.handles.create(finish)
             self._queue.append(request)
         if self._sleeping:
             self._wake.set()
@@ -128,8 +140,10 @@ class Engine:
         return self._dead
 
     def raise_if_dead(self) -> None:
-        if self._dead is not None:
-            raise type(self._dead)(str(self._dead))
+        """Raise a fresh error of the engine's cause of death, chained to it."""
+        dead = self._dead
+        if dead is not None:
+            raise type(dead)(str(dead)) from dead
 
     def shutdown(self, timeout: float = 30.0) -> None:
         self._shutdown_requested = True
@@ -160,22 +174,21 @@ class Engine:
 
     def _setup(self) -> None:
         _precise_sleeps()
-        world = self._comm.Dup()
-        self.topology = detect(world)
-        self.add_set(0, tuple(range(world.Get_size())), world)
+        self.topology = detect(self._comm)
+        self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
         if self.config.timeline and self.topology.rank == 0:
             self.timeline = Timeline(self.config.timeline)
 
-    def add_set(self, set_id: int, ranks: tuple[int, ...], comm: Optional[MPI.Comm]) -> None:
-        self.set_ranks[set_id] = ranks
-        if comm is not None and comm != MPI.COMM_NULL:
-            self.sets[set_id] = SetState.create(set_id, ranks, comm, self.config.cache_capacity)
-            self._inspectors[set_id] = stall.StallInspector(self.config, ranks)
+    def _open_set(self, set_id: int, comm: MPI.Comm) -> None:
+        self.executor.open_set(set_id, comm)
+        ranks = self.registry.ranks_of(set_id) or ()
+        self._inspectors[set_id] = stall.StallInspector(self.config, ranks)
 
     def _iteration(self) -> bool:
         self._wait_for_work()
         self._drain_queue()
-        members = [self.sets[i] for i in sorted(self.sets)]
+        self.executor.progress()
+        members = list(self.registry.members())
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
                     for s, v in zip(members, vectors)]
@@ -195,8 +208,8 @@ class Engine:
         # with this either is seen by the check or sets the event after the clear.
         self._sleeping = True
         self._wake.clear()
-        busy = self._queue or self._shutdown_requested or any(
-            s.pending for s in self.sets.values())
+        busy = self._queue or self._shutdown_requested or self.executor.progress() or any(
+            s.pending for s in self.registry.members())
         if busy:
             self._idle_rounds = 0
         else:
@@ -214,7 +227,7 @@ class Engine:
         queue = self._queue
         while queue:
             request = queue.popleft()
-            state = self.sets.get(request.process_set_id)
+            state = self.registry.member(request.process_set_id)
             if state is None:
                 self._fail(request, HvdliteError(
                     f"process set {request.process_set_id} was removed before "
@@ -226,7 +239,7 @@ class Engine:
     def _round_vector(self, state: SetState) -> np.ndarray:
         vector = np.zeros(1 + state.cache.words, dtype=np.uint64)
         need_full = state.set_id in self._stall_messages or (
-            state.set_id == 0 and self._shutdown_requested)
+            state.set_id == GLOBAL_SET_ID and self._shutdown_requested)
         report_after = stall.report_after(self.config)
         now = time.monotonic()
         bits = []
@@ -253,11 +266,12 @@ class Engine:
         which on a core per rank would lose whatever a spinning engine takes."""
         requests = list(requests)
         budget = self.config.spin_time * 1e-6
-        pause, longest = 20e-6, max(50e-6, self.config.cycle_time * 1e-3 / 4)
+        pause = _FIRST_PAUSE_S
+        longest = max(_LONGEST_PAUSE_FLOOR_S, self.config.cycle_time * 1e-3 / 4)
         while not MPI.Request.Testall(requests):
             if self.handles.waiting and budget > 0:
                 start = time.perf_counter()
-                while time.perf_counter() - start < 20e-6:
+                while time.perf_counter() - start < _SPIN_SLICE_S:
                     if MPI.Request.Testall(requests):
                         return
                 budget -= time.perf_counter() - start
@@ -274,7 +288,7 @@ class Engine:
     def _full_round(self, state: SetState) -> bool:
         now = time.monotonic()
         report = _Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
-                         self._shutdown_requested and state.set_id == 0)
+                         self._shutdown_requested and state.set_id == GLOBAL_SET_ID)
         gathered = state.comm.gather(report, root=0)
         verdict = None
         if state.coordinator is not None:
@@ -304,11 +318,11 @@ class Engine:
     def _check_stalls(self) -> None:
         """On each coordinator, between rounds. A stall that must become an error
         is held until the next full round, which the held message requests."""
-        for set_id, state in self.sets.items():
+        for state in self.registry.members():
             if state.coordinator is not None:
-                message = self._inspectors[set_id].check(state.coordinator)
+                message = self._inspectors[state.set_id].check(state.coordinator)
                 if message:
-                    self._stall_messages[set_id] = message
+                    self._stall_messages[state.set_id] = message
 
     def _dispatch(self, state: SetState, responses: Sequence[Response], cached: bool,
                   plan_key: Optional[tuple] = None) -> None:
@@ -323,22 +337,43 @@ class Engine:
                     self.timeline.span(response.name, "negotiate", request.submitted_at, now)
             if response.error:
                 if request is not None:
-                    self._fail(request, _ERRORS.get(response.error_type, HvdliteError)(
+                    self._fail(request, error_class(response.error_kind)(
                         f"rank {self._comm.Get_rank()}: {response.error}"))
                 continue
             if not cached and response.desc.kind in CACHEABLE:
                 state.cache.insert(response, request.desc if request else response.desc)
                 self.executor.forget_plans()
             state.cache.touch(response.name)
-            if response.desc.kind in process_sets.CONTROL:
+            if response.desc.kind in _CONTROL:
                 control.append((response, request))
             elif request is not None or response.desc.kind is Kind.ALLREDUCE:
                 data.append(response)   # an allreduce without a request: joined, sends zeros
-        self.executor.run(state.comm, data, agreed, plan_key)
+        self.executor.run(state.set_id, data, agreed, plan_key)
         for response, request in control:
-            process_sets.execute(self, response, request)
+            self._control(state, response, request)
         if responses:
             self.handles.notify()
+
+    def _control(self, state: SetState, response: Response, request: Optional[Request]) -> None:
+        """Run an agreed add/remove/reconfigure (negotiated on the global set, so every
+        rank runs it at the same point in the order of collectives)."""
+        desc = response.desc
+        result: Any = None
+        if desc.kind is Kind.ADD_PROCESS_SET:
+            result = self.registry.add(tuple(desc.ranks or ()), state.comm)
+        elif desc.kind is Kind.REMOVE_PROCESS_SET:
+            removed = HvdliteError(
+                f"process set {desc.set_id} was removed while collectives on it were pending")
+            result = self.registry.remove(desc.set_id, lambda r: self._fail(r, removed))
+            self._inspectors.pop(desc.set_id, None)
+        else:
+            self.executor.drain()
+            self.config = self.config.replace(**dict(desc.settings))
+            self.executor.reconfigure(self.config)
+            for inspector in self._inspectors.values():
+                inspector.config = self.config
+        if request is not None:
+            self.complete(request, result)
 
     # -- completion and failure -----------------------------------------------------------
     def complete(self, request: Request, result: Any) -> None:
@@ -360,7 +395,7 @@ class Engine:
             self._dead = error
         while self._queue:
             self._fail(self._queue.popleft(), error)
-        for state in self.sets.values():
+        for state in self.registry.members():
             self.fail_set(state, error)
         self.handles.fail_all(error)
 

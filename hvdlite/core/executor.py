@@ -1,71 +1,148 @@
-"""Runs agreed responses: packs tensors, calls a backend, unpacks results.
+"""Runs agreed responses: packs tensors, hands buffers to a backend, unpacks.
 
 Runs on the engine thread only. Every rank executes the same responses in
 the same order (fused allreduce groups first, then the rest as agreed), so
-the MPI calls here always match across ranks.
+the backends' calls always match across ranks. The code is written against
+the array namespace of each request's device (NumPy on the CPU, CuPy on a
+GPU); a backend may finish its work later (``Work.done()``), and a request's
+handle completes only then (``progress``).
 """
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
-from mpi4py import MPI
 
-from hvdlite.backends import even_counts
+from hvdlite.backends.base import DONE, Work, even_counts
 from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.core import fusion
+from hvdlite.core.devices import array_namespace, extra_backends
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 
 Complete = Callable[[Request, Any], None]
 _PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
 
 
+class BackendChain:
+    """Backends in order of preference; the first that supports a request runs it.
+    GPU backends registered in hvdlite.core.devices come first, MPI ends the chain."""
+
+    def __init__(self, config: Any) -> None:
+        self._mpi = MpiBackend()
+        self._ring = RingBackend(config.ring_chunk)
+        self._extra = extra_backends(config)
+        self.backends: list[Any] = []
+        self.configure(config)
+
+    def configure(self, config: Any) -> None:
+        self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+        host = [self._mpi] if config.allreduce == "mpi" else [self._ring, self._mpi]
+        self.backends = self._extra + host
+        self._picked: dict[tuple, Any] = {}
+
+    def every_backend(self) -> list[Any]:
+        return self._extra + [self._ring, self._mpi]
+
+    def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> Any:
+        for backend in self.backends:
+            if backend.supports(kind, dtype, device, nbytes):
+                return backend
+        raise LookupError(f"no backend supports {kind} of {dtype} on {device}; the chain "
+                          f"is {[b.name for b in self.backends]}")
+
+    def reduction_dtype(self, dtype: np.dtype, device: str) -> np.dtype:
+        key = (dtype, device)
+        wide = self._picked.get(key)
+        if wide is None:
+            wide = self._picked[key] = self.pick("allreduce", dtype, device, 0).reduction_dtype(dtype)
+        return wide
+
+
 class Executor:
     def __init__(self, config: Any, complete: Complete, timeline: Callable[[], Any]) -> None:
         self.config = config
+        self.chain = BackendChain(config)
         self._complete = complete
         self._timeline = timeline
-        self._mpi = MpiBackend()
-        self._ring = RingBackend(config.ring_chunk)
-        self._fusion = fusion.FusionBuffer()
+        self._fusion = fusion.FusionBuffers(array_namespace)
+        self._fusion_work: dict[str, Work] = {}   # last work using each device's buffer
         self._plans: dict[Hashable, list[list[Response]]] = {}
+        self._geometry: dict[int, tuple[int, int]] = {}   # set id -> (my rank, size) in the set
+        self._in_flight: collections.deque[tuple[Work, Callable[[], None]]] = collections.deque()
 
-    def backend_for(self, nbytes: int) -> Any:
-        choice = self.config.allreduce
-        if choice == "auto":
-            choice = "ring" if nbytes >= self.config.ring_threshold else "mpi"
-        return self._ring if choice == "ring" else self._mpi
+    def reconfigure(self, config: Any) -> None:
+        """Apply a negotiated settings change (same point on every rank)."""
+        self.config = config
+        self.chain.configure(config)
+        self.forget_plans()
 
-    def run(self, comm: MPI.Comm, responses: Sequence[Response],
-            pending: dict[str, Request], plan_key: Optional[Hashable] = None) -> None:
+    def open_set(self, set_id: int, comm: Any) -> None:
+        self._geometry[set_id] = (comm.Get_rank(), comm.Get_size())
+        for backend in self.chain.every_backend():
+            backend.open_set(set_id, comm)
+
+    def close_set(self, set_id: int) -> None:
+        self._geometry.pop(set_id, None)
+        for backend in self.chain.every_backend():
+            backend.close_set(set_id)
+
+    # -- running and completing ------------------------------------------------------
+    def run(self, set_id: int, responses: Sequence[Response], pending: dict[str, Request],
+            plan_key: Optional[Hashable] = None) -> None:
         """Run agreed responses. ``plan_key`` (the agreed cache bits of a fast-path
         round) lets steady-state steps reuse their fusion plan."""
         for group in self._plan(responses, plan_key):
-            self._allreduce_group(comm, group, [pending.get(r.name) for r in group])
+            self._allreduce_group(set_id, group, [pending.get(r.name) for r in group])
         for response in responses:
             if response.desc.kind is not Kind.ALLREDUCE:
                 request = pending.get(response.name)
-                result = self._run_one(comm, response, request)
-                if request is not None:
-                    self._complete(request, result)
+                self._run_one(set_id, response, request)
+
+    def _after(self, work: Work, finish: Callable[[], None]) -> None:
+        if work.done():
+            finish()
+        else:
+            self._in_flight.append((work, finish))
+
+    def progress(self) -> bool:
+        """Finish the work that is done; True if some is still in flight."""
+        while self._in_flight and self._in_flight[0][0].done():
+            self._in_flight.popleft()[1]()
+        return bool(self._in_flight)
+
+    def drain(self) -> None:
+        while self._in_flight:
+            work, finish = self._in_flight.popleft()
+            work.wait()
+            finish()
+
+    def _finish(self, request: Optional[Request], result: Any) -> None:
+        if request is None:
+            return
+        if request.writeback is not None:    # an in-place op on a non-contiguous target
+            array_namespace(request.desc.device).copyto(request.writeback, request.output)
+            result = request.writeback
+        self._complete(request, result)
 
     def _plan(self, responses: Sequence[Response],
               plan_key: Optional[Hashable]) -> list[list[Response]]:
-        key = (plan_key, self.config.fusion_threshold)
-        plan = self._plans.get(key) if plan_key is not None else None
+        plan = self._plans.get(plan_key) if plan_key is not None else None
         if plan is None:
             allreduces = [r for r in responses if r.desc.kind is Kind.ALLREDUCE]
-            plan = fusion.plan_groups(allreduces, self.config.fusion_threshold)
+            plan = fusion.plan_groups(
+                allreduces, self.config.fusion_threshold, self.config.direct_threshold,
+                lambda r: self.chain.reduction_dtype(r.dtype, r.desc.device))
             if plan_key is not None:
                 if len(self._plans) >= _PLAN_MEMO_SIZE:
                     self._plans.pop(next(iter(self._plans)))
-                self._plans[key] = plan
+                self._plans[plan_key] = plan
         return plan
 
     def forget_plans(self) -> None:
-        """The cache changed: a bit may now mean another response."""
+        """The cache or the settings changed: a bit may now mean another response."""
         self._plans.clear()
 
     def _span(self, requests: Sequence[Optional[Request]], phase: str, start: float) -> float:
@@ -79,114 +156,169 @@ class Executor:
         return now
 
     # -- allreduce -------------------------------------------------------------
-    def _allreduce_group(self, comm: MPI.Comm, group: Sequence[Response],
+    def _allreduce_group(self, set_id: int, group: Sequence[Response],
                          requests: Sequence[Optional[Request]]) -> None:
         first = group[0]
-        wide = fusion.reduction_dtype(first.dtype)
+        device = first.desc.device
+        xp = array_namespace(device)
+        wide = self.chain.reduction_dtype(first.dtype, device)
         op = ReduceOp(first.desc.op)
-        postscale = _Scale(first.desc.postscale, comm.Get_size() if op is ReduceOp.AVERAGE else 1)
+        size = self._geometry[set_id][1]
+        postscale = _Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         start = self._span(requests, "queue", 0.0)
-        direct = self._direct_target(requests, first.dtype, wide)
+        direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
-            self._pack_one(requests[0], buf, first.desc.prescale)
+            _pack_one(xp, requests[0], buf, first.desc.prescale)
         else:
             counts = [r.count for r in group]
-            buf = self._fusion.view(wide, sum(counts))
-            self._pack(requests, counts, buf, first.desc.prescale)
+            previous = self._fusion_work.pop(device, None)
+            if previous is not None:
+                previous.wait()              # the buffer is still in use on the device
+            buf = self._fusion.view(device, wide, sum(counts))
+            _pack(xp, requests, counts, buf, first.desc.prescale)
         start = self._span(requests, "memcpy_in", start)
-        self.backend_for(buf.nbytes).allreduce(comm, buf, op)
-        start = self._span(requests, "allreduce", start)
-        if direct is not None:
-            postscale.apply(buf)
-        else:
-            self._unpack(requests, counts, buf, postscale)
-        self._span(requests, "memcpy_out", start)
-        for request in requests:
-            if request is not None:
-                self._complete(request, request.output)
+        backend = self.chain.pick("allreduce", wide, device, buf.nbytes)
+        work = backend.allreduce(set_id, buf, op)
+        if direct is None:
+            self._fusion_work[device] = work
 
-    @staticmethod
-    def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,
-                       wide: np.dtype) -> Optional[np.ndarray]:
-        """A lone tensor already in its reduction dtype is reduced in its own output."""
-        if len(requests) != 1 or requests[0] is None or dtype != wide:
-            return None
-        output = requests[0].output
-        return output.reshape(-1) if output is not None and output.flags.c_contiguous else None
-
-    @staticmethod
-    def _pack_one(request: Optional[Request], buf: np.ndarray, prescale: float) -> None:
-        source = request.array.reshape(-1)
-        if not np.shares_memory(source, buf):
-            buf[...] = source
-        _scale(buf, prescale)
-
-    @staticmethod
-    def _pack(requests: Sequence[Optional[Request]], counts: Sequence[int],
-              buf: np.ndarray, prescale: float) -> None:
-        if all(request is not None for request in requests):
-            np.concatenate([r.array.reshape(-1) for r in requests], out=buf, casting="unsafe")
-        else:
-            for request, start, count in zip(requests, fusion.offsets(counts), counts):
-                piece = buf[start:start + count]
-                if request is None:      # this rank has joined: contribute zeros
-                    piece[...] = 0
-                else:
-                    piece[...] = request.array.reshape(-1)
-        _scale(buf, prescale)
-
-    @staticmethod
-    def _unpack(requests: Sequence[Optional[Request]], counts: Sequence[int],
-                buf: np.ndarray, postscale: "_Scale") -> None:
-        postscale.apply(buf)
-        for request, start, count in zip(requests, fusion.offsets(counts), counts):
-            if request is not None:
-                np.copyto(request.output, buf[start:start + count].reshape(
-                    request.output.shape), casting="unsafe")
+        def finish() -> None:
+            begin = self._span(requests, "allreduce", start)
+            if direct is not None:
+                postscale.apply(xp, buf)
+            else:
+                _unpack(xp, requests, counts, buf, postscale)
+            self._span(requests, "memcpy_out", begin)
+            for request in requests:
+                self._finish(request, None if request is None else request.output)
+        self._after(work, finish)
 
     # -- everything else ---------------------------------------------------------
-    def _run_one(self, comm: MPI.Comm, response: Response, request: Optional[Request]) -> Any:
+    def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
         kind = response.desc.kind
         start = self._span([request], "queue", 0.0)
-        if kind is Kind.ALLGATHER:
-            result = _allgather(comm, response, request)
-        elif kind is Kind.BROADCAST:
-            comm.Bcast([_bytes(request.output), MPI.BYTE], root=response.desc.root)
-            result = request.output
-        elif kind is Kind.ALLTOALL:
-            result = _alltoall(comm, response, request)
-        elif kind is Kind.REDUCESCATTER:
-            result = self._reducescatter(comm, response, request)
-        elif kind is Kind.JOIN:
-            result = response.result
-        else:  # BARRIER: agreement itself proves every rank arrived
-            result = None
-        self._span([request], kind.value, start)
-        return result
+        work, result = self._collective(set_id, response, request)
 
-    def _reducescatter(self, comm: MPI.Comm, response: Response, request: Request) -> np.ndarray:
+        def finish() -> None:
+            self._span([request], kind.value, start)
+            self._finish(request, result() if callable(result) else result)
+        self._after(work, finish)
+
+    def _collective(self, set_id: int, response: Response,
+                    request: Optional[Request]) -> tuple[Work, Any]:
+        kind = response.desc.kind
+        if kind is Kind.ALLGATHER:
+            return self._allgather(set_id, response, request)
+        if kind is Kind.BROADCAST:
+            buf = _bytes(request.output)
+            backend = self.chain.pick("broadcast", buf.dtype, request.desc.device, buf.nbytes)
+            return backend.broadcast(set_id, buf, response.desc.root), request.output
+        if kind is Kind.ALLTOALL:
+            return self._alltoall(set_id, response, request)
+        if kind is Kind.REDUCESCATTER:
+            return self._reducescatter(set_id, response, request)
+        if kind is Kind.JOIN:
+            return DONE, response.result
+        return DONE, None   # BARRIER: agreement itself proves every rank arrived
+
+    def _reducescatter(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
         desc = response.desc
-        size, rank = comm.Get_size(), comm.Get_rank()
+        rank, size = self._geometry[set_id]
         rows = desc.shape[0] if desc.shape else 1
         row_elems = int(np.prod(desc.shape[1:], dtype=np.int64))
         my_rows = even_counts(rows, size)
         counts = [r * row_elems for r in my_rows]
-        wide = fusion.reduction_dtype(to_dtype(desc.dtype))
-        buf = self._fusion.view(wide, sum(counts))
+        xp = array_namespace(desc.device)
+        dtype = to_dtype(desc.dtype)
+        wide = self.chain.reduction_dtype(dtype, desc.device)
+        previous = self._fusion_work.pop(desc.device, None)
+        if previous is not None:
+            previous.wait()
+        buf = self._fusion.view(desc.device, wide, sum(counts))
         buf[...] = request.array.reshape(-1)
-        _scale(buf, desc.prescale)
-        out = np.empty(counts[rank], dtype=wide)
+        _scale(xp, buf, desc.prescale)
+        out = xp.empty(counts[rank], dtype=wide)
         op = ReduceOp(desc.op)
-        self.backend_for(buf.nbytes).reducescatter(comm, buf, counts, out, op)
-        _Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(out)
-        return out.astype(to_dtype(desc.dtype), copy=False).reshape((my_rows[rank],) + desc.shape[1:])
+        backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes)
+        work = backend.reducescatter(set_id, buf, counts, out, op)
+        self._fusion_work[desc.device] = work
+
+        def result() -> Any:
+            _Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
+            return out.astype(dtype, copy=False).reshape((my_rows[rank],) + desc.shape[1:])
+        return work, result
+
+    def _allgather(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
+        desc = request.desc
+        dtype = to_dtype(desc.dtype)
+        row_bytes = int(np.prod(desc.shape[1:], dtype=np.int64)) * dtype.itemsize
+        counts = [d * row_bytes for d in response.first_dims]
+        xp = array_namespace(desc.device)
+        out = xp.empty((sum(response.first_dims),) + desc.shape[1:], dtype=dtype)
+        send, recv = _bytes(request.array), _bytes(out)
+        backend = self.chain.pick("allgather", recv.dtype, desc.device, recv.nbytes)
+        return backend.allgather(set_id, send, recv, counts), out
+
+    def _alltoall(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
+        desc = request.desc
+        rank = self._geometry[set_id][0]
+        dtype = to_dtype(desc.dtype)
+        row_bytes = int(np.prod(desc.shape[1:], dtype=np.int64)) * dtype.itemsize
+        send_rows = response.split_matrix[rank]
+        recv_rows = [row[rank] for row in response.split_matrix]
+        xp = array_namespace(desc.device)
+        out = xp.empty((sum(recv_rows),) + desc.shape[1:], dtype=dtype)
+        send, recv = _bytes(request.array), _bytes(out)
+        backend = self.chain.pick("alltoall", recv.dtype, desc.device, recv.nbytes)
+        work = backend.alltoall(set_id, send, [r * row_bytes for r in send_rows],
+                                recv, [r * row_bytes for r in recv_rows])
+        return work, (out, np.asarray(recv_rows, dtype=np.int32))
 
 
-def _scale(buf: np.ndarray, factor: float) -> None:
+def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,
+                   wide: np.dtype) -> Any:
+    """A lone tensor already in its reduction dtype is reduced in its own output."""
+    if len(requests) != 1 or requests[0] is None or dtype != wide:
+        return None
+    output = requests[0].output
+    return output.reshape(-1) if output is not None and output.flags.c_contiguous else None
+
+
+def _pack_one(xp: Any, request: Request, buf: Any, prescale: float) -> None:
+    source = request.array.reshape(-1)
+    if not xp.shares_memory(source, buf):
+        buf[...] = source
+    _scale(xp, buf, prescale)
+
+
+def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
+          buf: Any, prescale: float) -> None:
+    if all(request is not None for request in requests):
+        xp.concatenate([r.array.reshape(-1) for r in requests], out=buf, casting="unsafe")
+    else:
+        for request, start, count in zip(requests, fusion.offsets(counts), counts):
+            piece = buf[start:start + count]
+            if request is None:      # this rank has joined: contribute zeros
+                piece[...] = 0
+            else:
+                piece[...] = request.array.reshape(-1)
+    _scale(xp, buf, prescale)
+
+
+def _unpack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
+            buf: Any, postscale: "_Scale") -> None:
+    postscale.apply(xp, buf)
+    for request, start, count in zip(requests, fusion.offsets(counts), counts):
+        if request is not None:
+            xp.copyto(request.output, buf[start:start + count].reshape(request.output.shape),
+                      casting="unsafe")
+
+
+def _scale(xp: Any, buf: Any, factor: float) -> None:
     if factor != 1.0:
         # Integer tensors are scaled in float64 and truncated toward zero, as Horovod does.
-        np.multiply(buf, factor, out=buf, casting="unsafe")
+        xp.multiply(buf, factor, out=buf, casting="unsafe")
 
 
 class _Scale:
@@ -197,36 +329,13 @@ class _Scale:
     def __init__(self, factor: float, divisor: int) -> None:
         self.factor, self.divisor = factor, divisor
 
-    def apply(self, buf: np.ndarray) -> None:
+    def apply(self, xp: Any, buf: Any) -> None:
         if self.divisor != 1:
-            np.true_divide(buf, self.divisor, out=buf, casting="unsafe")
-        _scale(buf, self.factor)
+            xp.true_divide(buf, self.divisor, out=buf, casting="unsafe")
+        _scale(xp, buf, self.factor)
 
 
-def _bytes(array: np.ndarray) -> np.ndarray:
+def _bytes(array: Any) -> Any:
+    """A contiguous array's memory as bytes (inputs and outputs are contiguous by
+    the time they reach the executor: the API stages non-contiguous ones)."""
     return array.reshape(-1).view(np.uint8)
-
-
-def _allgather(comm: MPI.Comm, response: Response, request: Request) -> np.ndarray:
-    desc = request.desc
-    itemsize = to_dtype(desc.dtype).itemsize
-    row_bytes = int(np.prod(desc.shape[1:], dtype=np.int64)) * itemsize
-    counts = [d * row_bytes for d in response.first_dims]
-    out = np.empty((sum(response.first_dims),) + desc.shape[1:], dtype=to_dtype(desc.dtype))
-    comm.Allgatherv([_bytes(request.array), MPI.BYTE],
-                    [_bytes(out), (counts, fusion.offsets(counts)), MPI.BYTE])
-    return out
-
-
-def _alltoall(comm: MPI.Comm, response: Response, request: Request) -> tuple[np.ndarray, np.ndarray]:
-    desc = request.desc
-    rank = comm.Get_rank()
-    row_bytes = int(np.prod(desc.shape[1:], dtype=np.int64)) * to_dtype(desc.dtype).itemsize
-    send_rows = response.split_matrix[rank]
-    recv_rows = [row[rank] for row in response.split_matrix]
-    send = [r * row_bytes for r in send_rows]
-    recv = [r * row_bytes for r in recv_rows]
-    out = np.empty((sum(recv_rows),) + desc.shape[1:], dtype=to_dtype(desc.dtype))
-    comm.Alltoallv([_bytes(request.array), (send, fusion.offsets(send)), MPI.BYTE],
-                   [_bytes(out), (recv, fusion.offsets(recv)), MPI.BYTE])
-    return out, np.asarray(recv_rows, dtype=np.int32)

@@ -8,18 +8,22 @@ notifies once per batch.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hvdlite.errors import HvdliteError
 
 
-class _Slot:
-    __slots__ = ("done", "result", "error")
+Finish = Optional[Callable[[Any], Any]]
 
-    def __init__(self) -> None:
+
+class _Slot:
+    __slots__ = ("done", "result", "error", "finish")
+
+    def __init__(self, finish: Finish) -> None:
         self.done = False
         self.result: Any = None
         self.error: Optional[BaseException] = None
+        self.finish = finish   # result -> what synchronize returns (a binding's tensor)
 
 
 class HandleTable:
@@ -31,12 +35,15 @@ class HandleTable:
         self._next = 0
         self.waiting = 0   # user threads blocked in wait(); tells the engine to spin
 
-    def create(self) -> int:
+    def create(self, finish: Finish = None) -> int:
+        """A new pending handle. ``finish`` runs on the waiting thread and turns the
+        engine's result into the object to return, so no binding keeps its own map
+        from handles to outputs."""
         # Called with the engine's submit lock held, so the counter needs no lock here;
         # dict assignment is atomic under the GIL.
         handle = self._next
         self._next += 1
-        self._slots[handle] = _Slot()
+        self._slots[handle] = _Slot(finish)
         return handle
 
     def _slot(self, handle: Any) -> _Slot:
@@ -86,4 +93,4 @@ class HandleTable:
         self._slots.pop(handle, None)
         if slot.error is not None:
             raise slot.error
-        return slot.result
+        return slot.result if slot.finish is None else slot.finish(slot.result)

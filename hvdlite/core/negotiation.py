@@ -14,19 +14,22 @@ import time
 from typing import Optional, Sequence
 
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Response
+from hvdlite.errors import ErrorKind
 
-# Fields compared between ranks, per kind. Allgather and alltoall compare the
-# shape without its first dimension, which may differ per rank.
+# Fields compared between ranks, per kind, after the collective itself and the
+# submitting thread of unnamed ops. Allgather and alltoall compare the shape
+# without its first dimension, which may differ per rank.
 _COMPARED: dict[Kind, tuple[str, ...]] = {
-    Kind.ALLREDUCE: ("kind", "dtype", "shape", "op", "prescale", "postscale"),
-    Kind.REDUCESCATTER: ("kind", "dtype", "shape", "op", "prescale", "postscale"),
-    Kind.BROADCAST: ("kind", "dtype", "shape", "root"),
-    Kind.ALLGATHER: ("kind", "dtype", "trailing_shape"),
-    Kind.ALLTOALL: ("kind", "dtype", "trailing_shape"),
-    Kind.BARRIER: ("kind",),
-    Kind.JOIN: ("kind",),
-    Kind.ADD_PROCESS_SET: ("kind", "ranks"),
-    Kind.REMOVE_PROCESS_SET: ("kind", "root"),
+    Kind.ALLREDUCE: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.REDUCESCATTER: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.BROADCAST: ("device", "dtype", "shape", "root"),
+    Kind.ALLGATHER: ("device", "dtype", "trailing_shape"),
+    Kind.ALLTOALL: ("device", "dtype", "trailing_shape"),
+    Kind.BARRIER: (),
+    Kind.JOIN: (),
+    Kind.ADD_PROCESS_SET: ("ranks",),
+    Kind.REMOVE_PROCESS_SET: ("set_id",),
+    Kind.RECONFIGURE: ("settings",),
 }
 
 _FIX_HINT = ("Every rank must submit a tensor name with the same collective, dtype, "
@@ -45,20 +48,37 @@ def _field(desc: Descriptor, field: str) -> object:
     return value
 
 
+_THREAD_HINT = ("Unnamed collectives submitted from several threads pair up in a "
+                "different order on each rank; give each collective a name (name=...) "
+                "that is the same on every rank.")
+
+
+def find_marker(reports: dict[int, Descriptor]) -> Optional[str]:
+    """A message for ranks whose own arguments were invalid (error markers), or None."""
+    bad = [(rank, desc) for rank, desc in sorted(reports.items()) if desc.error]
+    if not bad:
+        return None
+    reasons = "; ".join(f"rank {rank}: {desc.error}" for rank, desc in bad)
+    name = bad[0][1].name
+    return (f"{bad[0][1].kind.value} '{name}' was called with invalid arguments on ranks "
+            f"{[rank for rank, _ in bad]} ({reasons}), so it cannot run on any rank. "
+            "Fix the arguments on those ranks; the next collective is unaffected.")
+
+
 def find_mismatch(reports: dict[int, Descriptor]) -> Optional[str]:
     """Return a message naming the tensor, the ranks and what differed, or None."""
     ranks = sorted(reports)
     reference = reports[ranks[0]]
-    fields = ("kind",) + tuple(f for f in _COMPARED[reference.kind] if f != "kind")
-    for field in fields:
+    for field in ("kind", "thread") + _COMPARED[reference.kind]:
         values: dict[object, list[int]] = {}
         for rank in ranks:
             values.setdefault(_field(reports[rank], field), []).append(rank)
         if len(values) > 1:
-            label = "collective" if field == "kind" else field
+            label = {"kind": "collective", "thread": "submitting thread"}.get(field, field)
             listing = "; ".join(f"ranks {group} have {label}={value!r}"
                                 for value, group in values.items())
-            return f"Mismatched {label} for tensor '{reference.name}': {listing}. {_FIX_HINT}"
+            hint = _THREAD_HINT if field == "thread" else _FIX_HINT
+            return f"Mismatched {label} for tensor '{reference.name}': {listing}. {hint}"
     if reference.kind is Kind.ALLTOALL:
         return _check_alltoall_splits(reports, len(ranks))
     return None
@@ -76,11 +96,11 @@ def build_response(reports: dict[int, Descriptor], joined: Sequence[int]) -> Res
     """A validated Response for a name every non-joined member has reported."""
     ranks = sorted(reports)
     desc = reports[ranks[0]]
-    mismatch = find_mismatch(reports)
+    mismatch = find_marker(reports) or find_mismatch(reports)
     if mismatch:
-        return Response(desc=desc, error=mismatch, error_type="MismatchError")
+        return Response(desc=desc, error=mismatch, error_kind=ErrorKind.MISMATCH)
     if joined and desc.kind is not Kind.ALLREDUCE:
-        return Response(desc=desc, error_type="JoinError", error=(
+        return Response(desc=desc, error_kind=ErrorKind.JOIN, error=(
             f"{desc.kind.value} '{desc.name}' cannot run while ranks {sorted(joined)} have "
             "called join(): joined ranks only take part in allreduce. Finish every other "
             "collective before join()."))

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional
 import ml_dtypes
 import numpy as np
 
+from hvdlite.errors import ErrorKind
 from hvdlite.reduce_op import ReduceOp
 
 __all__ = ["ReduceOp", "dtype_name", "to_dtype", "Kind", "Descriptor", "Request", "Response", "CACHEABLE"]
@@ -39,6 +40,7 @@ class Kind(enum.Enum):
     JOIN = "join"
     ADD_PROCESS_SET = "add_process_set"
     REMOVE_PROCESS_SET = "remove_process_set"
+    RECONFIGURE = "reconfigure"
 
 
 # Kinds whose agreed responses are worth remembering for the bit-vector fast path.
@@ -63,12 +65,17 @@ class Descriptor(NamedTuple):
     postscale: float = 1.0
     splits: Optional[tuple[int, ...]] = None
     ranks: Optional[tuple[int, ...]] = None  # process-set membership for ADD_PROCESS_SET
+    device: str = "cpu"          # "cpu" or "cuda:N": compared across ranks, part of the fusion key
+    set_id: int = -1             # REMOVE_PROCESS_SET: the set to remove
+    thread: str = ""             # unnamed ops: the submitting thread (see runtime.next_name)
+    settings: tuple = ()         # RECONFIGURE: sorted (field, value) pairs
+    error: str = ""              # a marker: this rank's arguments were invalid (the reason)
 
 
 class Request:
     """One rank's submission: the descriptor plus the buffers and bookkeeping."""
-    __slots__ = ("desc", "process_set_id", "array", "output", "submitted_at", "agreed_at",
-                 "stall_reported", "handle", "bit", "bit_version")
+    __slots__ = ("desc", "process_set_id", "array", "output", "writeback", "submitted_at",
+                 "agreed_at", "stall_reported", "handle", "bit", "bit_version")
 
     def __init__(self, desc: Descriptor, process_set_id: int,
                  array: Optional[np.ndarray] = None, output: Optional[np.ndarray] = None) -> None:
@@ -76,10 +83,13 @@ class Request:
         self.process_set_id = process_set_id
         self.array = array            # contiguous input
         self.output = output          # where results land (the user's array for in-place ops)
+        # In-place ops on a non-contiguous target: results land in the contiguous
+        # ``output`` first and are copied here on completion, whatever the strides.
+        self.writeback: Any = None
         self.submitted_at = time.monotonic()
         self.agreed_at = 0.0
         self.stall_reported = False
-        self.handle = -1              # assigned by Engine.submit
+        self.handle = -1              # assigned by Engine.submit; stays -1 for error markers
         self.bit: Optional[int] = None   # cache bit, valid while bit_version matches the cache
         self.bit_version = -1
 
@@ -97,7 +107,7 @@ class Response:
     split_matrix: Optional[tuple[tuple[int, ...], ...]] = None
     joined: tuple[int, ...] = ()
     error: str = ""
-    error_type: str = ""
+    error_kind: Optional[ErrorKind] = None
     result: Any = None   # JOIN: the last rank to join
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import torch
 
 import hvdlite as _hvd
-from hvdlite.core.process_sets import ProcessSet
+from hvdlite.api.process_set import ProcessSet
 from hvdlite.torch.ops import broadcast_async_, synchronize
 
 Params = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]

@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import torch
 
 import hvdlite as _hvd
-from hvdlite.core.process_sets import ProcessSet
+from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteError
-from hvdlite.torch.compression import Compression, Compressor
+from hvdlite.compression import Compression, Compressor
 from hvdlite.torch.ops import allreduce_async_, synchronize
 
 Groups = Union[None, int, Sequence[Sequence[torch.Tensor]]]

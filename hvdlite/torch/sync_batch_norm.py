@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from hvdlite.core.process_sets import ProcessSet
+from hvdlite.api.process_set import ProcessSet
 from hvdlite.torch.ops import allreduce_async, synchronize
 import hvdlite as _hvd
 

@@ -8,7 +8,8 @@ import pytest
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.core import state
+from hvdlite.api import runtime
+from hvdlite.api.collectives import reconfigure
 
 _RESULTS = MPI.COMM_WORLD.Dup()   # test bookkeeping only, never used by hvdlite
 
@@ -38,15 +39,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type
 
 @pytest.fixture(params=["mpi", "ring"])
 def backend(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """Run a test once per allreduce backend. Switching is safe only between
-    collectives on every rank, hence the barriers around it."""
-    config = state.config()
-    previous = config.allreduce
-    hvd.barrier()
-    config.allreduce = request.param
+    """Run a test once per allreduce backend, switched by a negotiated
+    reconfiguration (every rank switches at the same point between collectives)."""
+    previous = runtime.config().allreduce
+    reconfigure(allreduce=request.param)
     yield request.param
-    hvd.barrier()
-    config.allreduce = previous
+    reconfigure(allreduce=previous)
 
 
 @pytest.fixture

@@ -61,11 +61,13 @@ def test_alltoall_uneven_splits() -> None:
 
 def test_alltoall_default_even_splits() -> None:
     x = np.arange(hvd.size() * 2, dtype=np.float64) + 10 * hvd.rank()
-    received, splits = hvd.alltoall(x, name="a2a.even")
+    received = hvd.alltoall(x, name="a2a.even")      # Horovod: no splits in, no splits out
+    explicit, splits = hvd.alltoall(x, splits=[2] * hvd.size(), name="a2a.even.explicit")
     np.testing.assert_array_equal(splits, np.full(hvd.size(), 2))
     expected = np.concatenate([np.arange(2 * hvd.rank(), 2 * hvd.rank() + 2) + 10 * src
                                for src in range(hvd.size())])
     np.testing.assert_array_equal(received, expected)
+    np.testing.assert_array_equal(explicit, expected)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 7, 16])

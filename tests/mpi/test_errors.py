@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.core import state
+from hvdlite.api.collectives import reconfigure
 
 
 def _next_op_works(tag: str) -> None:
@@ -118,9 +118,7 @@ class _Records(logging.Handler):
 def test_stall_warning_names_tensor_and_missing_ranks() -> None:
     if hvd.size() < 2:
         pytest.skip("needs two ranks")
-    config = state.config()
-    hvd.barrier()
-    config.stall_check_time = 0.5
+    reconfigure(stall_check_time=0.5)    # negotiated: every rank switches at the same point
     records = _Records()
     logging.getLogger("hvdlite").addHandler(records)
     try:
@@ -129,8 +127,7 @@ def test_stall_warning_names_tensor_and_missing_ranks() -> None:
         hvd.allreduce(np.ones(2), name="stall.probe")
     finally:
         logging.getLogger("hvdlite").removeHandler(records)
-        hvd.barrier()
-        config.stall_check_time = 60.0
+        reconfigure(stall_check_time=60.0)
     if hvd.rank() == 0:
         expected = f"missing ranks: {list(range(1, hvd.size()))}"
         matching = [m for m in records.messages if "'stall.probe'" in m and expected in m]

@@ -99,7 +99,7 @@ def test_tensor_collectives_and_dtypes() -> None:
     hvd.allreduce_(inplace, op=hvd.Max, name="t.inplace")
     assert torch.equal(inplace, torch.full((2, 2), float(size - 1)))
     received, splits = hvd.alltoall(torch.arange(size, dtype=torch.float32) + 10 * rank,
-                                    name="t.a2a")
+                                    splits=[1] * size, name="t.a2a")
     assert torch.equal(splits, torch.ones(size, dtype=torch.int32))
     assert torch.equal(received, torch.tensor([10.0 * r + rank for r in range(size)]))
     scattered = hvd.reducescatter(torch.ones(size * 2, 3), op=hvd.Sum, name="t.rs")

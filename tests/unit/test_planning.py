@@ -11,6 +11,7 @@ from hvdlite.core import fusion
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.negotiation import Coordinator, find_mismatch
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Response
+from hvdlite.errors import ErrorKind
 
 
 def desc(name: str, shape: tuple[int, ...] = (4,), dtype: str = "float32", **kw: object) -> Descriptor:
@@ -63,7 +64,7 @@ def test_joined_ranks_only_allow_allreduce() -> None:
     coordinator.ingest(0, [(Descriptor(name="join", kind=Kind.JOIN), 0.0)])
     coordinator.ingest(1, [(desc("g", (2,), kind=Kind.ALLGATHER), 0.0)])
     (response,) = coordinator.responses()
-    assert response.error_type == "JoinError" and "join()" in response.error
+    assert response.error_kind is ErrorKind.JOIN and "join()" in response.error
 
 
 def test_cache_bits_identical_order_and_eviction() -> None:
@@ -108,9 +109,9 @@ def test_half_types_reduce_in_float32() -> None:
 
 
 def test_fusion_buffer_is_persistent() -> None:
-    buffer = fusion.FusionBuffer()
-    first = buffer.view(np.dtype(np.float32), 100)
-    again = buffer.view(np.dtype(np.float64), 50)
+    buffers = fusion.FusionBuffers(lambda device: np)
+    first = buffers.view("cpu", np.dtype(np.float32), 100)
+    again = buffers.view("cpu", np.dtype(np.float64), 50)
     assert np.shares_memory(first, again)
 
 

@@ -7,48 +7,64 @@ from typing import Any, Optional
 
 import numpy as np
 
-from hvdlite.core import ops, state
-from hvdlite.core.process_sets import ProcessSet
+from hvdlite.api import collectives, runtime
+from hvdlite.api.adapter import NUMPY
+from hvdlite.api.process_set import ProcessSet
 from hvdlite.core.timeline import Timeline
+
+
+def _broadcast(array: np.ndarray, root_rank: int, name: str, process_set: Optional[ProcessSet]) -> Any:
+    return collectives.synchronize(collectives.broadcast_async(NUMPY, array, root_rank, name,
+                                                               process_set))
+
+
+def _allgather(array: np.ndarray, name: str, process_set: Optional[ProcessSet]) -> Any:
+    return collectives.synchronize(collectives.allgather_async(NUMPY, array, name, process_set))
+
+
+def _base_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]) -> str:
+    if name:
+        return name
+    set_id, _ = runtime.set_ranks(process_set)
+    return runtime.next_name(set_id, kind)[0]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (pickled; root_rank within the set)."""
-    base = name or state.next_name("broadcast_object")
-    _, ps = state.find_process_set(process_set)
-    is_root = ps.rank() == root_rank
+    base = _base_name("broadcast_object", name, process_set)
+    _, ranks = runtime.set_ranks(process_set)
+    is_root = runtime.rank() in ranks and ranks.index(runtime.rank()) == root_rank
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
-    length = ops.broadcast(length, root_rank, name=f"{base}.len", process_set=process_set)
+    length = _broadcast(length, root_rank, f"{base}.len", process_set)
     data = payload if is_root else np.empty(int(length[0]), dtype=np.uint8)
-    data = ops.broadcast(data, root_rank, name=f"{base}.data", process_set=process_set)
+    data = _broadcast(data, root_rank, f"{base}.data", process_set)
     return obj if is_root else pickle.loads(data.tobytes())
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> list[Any]:
     """Every rank's ``obj``, as a list in rank order."""
-    base = name or state.next_name("allgather_object")
+    base = _base_name("allgather_object", name, process_set)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    sizes = ops.allgather(np.array([payload.size], dtype=np.int64), name=f"{base}.len",
-                          process_set=process_set)
-    data = ops.allgather(payload, name=f"{base}.data", process_set=process_set)
+    sizes = _allgather(np.array([payload.size], dtype=np.int64), f"{base}.len", process_set)
+    data = _allgather(payload, f"{base}.data", process_set)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     return [pickle.loads(data[bounds[i]:bounds[i + 1]].tobytes()) for i in range(len(sizes))]
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a Chrome trace on rank 0 (other ranks: no-op)."""
-    engine = state.engine("hvdlite.start_timeline()")
-    if state.rank() == 0:
+    engine = runtime.engine("hvdlite.start_timeline()")
+    if runtime.rank() == 0:
         if engine.timeline is not None:
             engine.timeline.close()
         engine.timeline = Timeline(file_path)
 
 
 def stop_timeline() -> None:
-    engine = state.engine("hvdlite.stop_timeline()")
+    engine = runtime.engine("hvdlite.stop_timeline()")
     timeline, engine.timeline = engine.timeline, None
     if timeline is not None:
         timeline.close()

@@ -1,0 +1,103 @@
+"""Tensor adapters: the one thing a framework binding must write to reach the core.
+
+An adapter says which objects are its tensors, gives the core a NumPy (or
+CuPy) array over a tensor's memory without copying where the memory allows,
+turns result arrays back into tensors, names the tensor's device, and casts
+(for wire compression). The binding factory (``hvdlite.api.binding``) builds
+every collective, its ``_async`` and in-place forms from an adapter.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from hvdlite.errors import HvdliteTypeError
+
+
+class TensorAdapter:
+    """Base class; the NumPy adapter below is the reference implementation."""
+
+    framework = "numpy"
+    accepted = "numpy.ndarray"          # for messages: what the binding's ops take
+
+    def is_tensor(self, obj: Any) -> bool:
+        raise NotImplementedError
+
+    def to_array(self, tensor: Any) -> Any:
+        """An array over the tensor's memory (strides kept; no copy where possible)."""
+        raise NotImplementedError
+
+    def from_array(self, array: Any) -> Any:
+        """A tensor for a result array, sharing its memory where possible."""
+        raise NotImplementedError
+
+    def device(self, tensor: Any) -> str:
+        """"cpu" or "cuda:N"."""
+        return "cpu"
+
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        """A copy of ``tensor`` in ``dtype`` ("float16", "bfloat16", or its own dtype's name)."""
+        raise NotImplementedError
+
+    def dtype_name(self, tensor: Any) -> str:
+        raise NotImplementedError
+
+    def is_floating(self, tensor: Any) -> bool:
+        raise NotImplementedError
+
+    def require(self, obj: Any, what: str) -> Any:
+        """``obj`` if it is one of this adapter's tensors, else a typed error naming it."""
+        if self.is_tensor(obj):
+            return obj
+        raise HvdliteTypeError(
+            f"{what} expects a {self.accepted}; got {_describe(obj)}. Pass a "
+            f"{self.accepted} (hvdlite takes NumPy arrays, hvdlite.torch torch tensors, "
+            "hvdlite.tensorflow TensorFlow tensors).")
+
+
+def _describe(obj: Any) -> str:
+    kind = type(obj)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    text = repr(obj)
+    return f"{name} ({text[:40]}...)" if len(text) > 43 else f"{name} ({text})"
+
+
+class NumpyAdapter(TensorAdapter):
+    framework = "numpy"
+    accepted = "numpy.ndarray"
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, (np.ndarray, np.generic))
+
+    def to_array(self, tensor: Any) -> np.ndarray:
+        return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+
+    def from_array(self, array: Any) -> Any:
+        return array
+
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        from hvdlite.core.requests import to_dtype
+        return tensor.astype(to_dtype(dtype))
+
+    def dtype_name(self, tensor: Any) -> str:
+        return np.asarray(tensor).dtype.name
+
+    def is_floating(self, tensor: Any) -> bool:
+        dtype = np.asarray(tensor).dtype
+        return dtype.name == "bfloat16" or np.issubdtype(dtype, np.floating)
+
+
+NUMPY = NumpyAdapter()
+_REGISTERED: list[TensorAdapter] = [NUMPY]
+
+
+def register(adapter: TensorAdapter) -> TensorAdapter:
+    """Make ``adapter_for`` find this framework's tensors (compression uses it)."""
+    if all(type(a) is not type(adapter) for a in _REGISTERED):
+        _REGISTERED.insert(0, adapter)
+    return adapter
+
+
+def adapter_for(tensor: Any) -> Optional[TensorAdapter]:
+    return next((a for a in _REGISTERED if a.is_tensor(tensor)), None)

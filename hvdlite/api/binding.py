@@ -1,0 +1,202 @@
+"""The binding factory: one framework's public op set, generated from its adapter.
+
+``make_ops(adapter)`` returns every collective with Horovod's signatures: the
+blocking form, ``*_async`` (a handle for ``synchronize``/``poll``), the
+in-place ``*_`` and ``*_async_`` forms, and the grouped forms. A binding
+writes only its adapter, its autograd/gradient registration (by wrapping the
+generated ops) and its optimizer, so bindings cannot drift apart: a collective
+added to the core appears in every binding at once (a test checks the exports).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from hvdlite.api import collectives as c
+from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.compression import Compression, Compressor
+
+# Every name make_ops returns; the public API of each binding includes them all.
+OP_NAMES = (
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",
+    "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
+    "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "synchronize", "poll", "join", "barrier",
+)
+PS = Optional[ProcessSet]
+
+
+def _compressed(compression: Optional[type[Compressor]], tensor: Any,
+                run: Callable[[Any], Any]) -> Any:
+    compression = compression or Compression.none
+    wire, context = compression.compress(tensor)
+    return compression.decompress(run(wire), context)
+
+
+def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
+    """The public collectives on ``adapter``'s tensors, by name (see OP_NAMES)."""
+    a = adapter
+    sync = c.synchronize
+
+    def allreduce_async(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
+                        op: Optional[int] = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, process_set: PS = None) -> int:
+        return c.allreduce_async(a, tensor, average, name, op, prescale_factor,
+                                 postscale_factor, process_set)
+
+    def allreduce_async_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
+                         op: Optional[int] = None, prescale_factor: float = 1.0,
+                         postscale_factor: float = 1.0, process_set: PS = None) -> int:
+        return c.allreduce_async(a, tensor, average, name, op, prescale_factor,
+                                 postscale_factor, process_set, inplace=True)
+
+    def allreduce(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
+                  compression: Optional[type[Compressor]] = None, op: Optional[int] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: PS = None) -> Any:
+        """Reduce ``tensor`` across the process set (default op: Average)."""
+        return _compressed(compression, tensor, lambda wire: sync(allreduce_async(
+            wire, average, name, op, prescale_factor, postscale_factor, process_set)))
+
+    def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
+                   op: Optional[int] = None, prescale_factor: float = 1.0,
+                   postscale_factor: float = 1.0, process_set: PS = None) -> Any:
+        return sync(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                     postscale_factor, process_set))
+
+    def grouped_allreduce_async(tensors: Sequence[Any], average: Optional[bool] = None,
+                                name: Optional[str] = None, op: Optional[int] = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: PS = None) -> c.GroupHandle:
+        return c.grouped(allreduce_async, tensors, name, "allreduce", process_set,
+                         average=average, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+
+    def grouped_allreduce_async_(tensors: Sequence[Any], average: Optional[bool] = None,
+                                 name: Optional[str] = None, op: Optional[int] = None,
+                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                 process_set: PS = None) -> c.GroupHandle:
+        return c.grouped(allreduce_async_, tensors, name, "allreduce_", process_set,
+                         average=average, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+
+    def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                          name: Optional[str] = None,
+                          compression: Optional[type[Compressor]] = None,
+                          op: Optional[int] = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, process_set: PS = None) -> list[Any]:
+        compression = compression or Compression.none
+        wires = [compression.compress(t) for t in tensors]
+        results = sync(grouped_allreduce_async([w for w, _ in wires], average, name, op,
+                                               prescale_factor, postscale_factor, process_set))
+        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, wires)]
+
+    def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
+                           name: Optional[str] = None, op: Optional[int] = None,
+                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                           process_set: PS = None) -> list[Any]:
+        return sync(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                             postscale_factor, process_set))
+
+    def allgather_async(tensor: Any, name: Optional[str] = None, process_set: PS = None) -> int:
+        return c.allgather_async(a, tensor, name, process_set)
+
+    def allgather(tensor: Any, name: Optional[str] = None, process_set: PS = None) -> Any:
+        """Concatenate every rank's tensor along the first dimension (which may differ)."""
+        return sync(allgather_async(tensor, name, process_set))
+
+    def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
+                                process_set: PS = None) -> c.GroupHandle:
+        return c.grouped(allgather_async, tensors, name, "allgather", process_set)
+
+    def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
+                          process_set: PS = None) -> list[Any]:
+        return sync(grouped_allgather_async(tensors, name, process_set))
+
+    def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
+                        process_set: PS = None) -> int:
+        return c.broadcast_async(a, tensor, root_rank, name, process_set)
+
+    def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None,
+                         process_set: PS = None) -> int:
+        return c.broadcast_async(a, tensor, root_rank, name, process_set, inplace=True)
+
+    def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
+                  process_set: PS = None) -> Any:
+        """Every rank receives ``root_rank``'s tensor (root_rank counts within the set)."""
+        return sync(broadcast_async(tensor, root_rank, name, process_set))
+
+    def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,
+                   process_set: PS = None) -> Any:
+        return sync(broadcast_async_(tensor, root_rank, name, process_set))
+
+    def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None,
+                       process_set: PS = None) -> int:
+        return c.alltoall_async(a, tensor, splits, name, process_set)
+
+    def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
+                 process_set: PS = None) -> Any:
+        """Send ``splits[i]`` rows to rank i (even split when None). Returns the received
+        rows, and with ``splits`` given ``(received, rows received per rank)``."""
+        return sync(alltoall_async(tensor, splits, name, process_set))
+
+    def reducescatter_async(tensor: Any, name: Optional[str] = None, op: Optional[int] = None,
+                            process_set: PS = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> int:
+        return c.reducescatter_async(a, tensor, name, op, process_set, prescale_factor,
+                                     postscale_factor)
+
+    def reducescatter(tensor: Any, name: Optional[str] = None,
+                      compression: Optional[type[Compressor]] = None, op: Optional[int] = None,
+                      process_set: PS = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> Any:
+        """Reduce across ranks, then rank i keeps the i-th block of rows; with n rows
+        and P ranks the first n % P ranks get one row more."""
+        return _compressed(compression, tensor, lambda wire: sync(reducescatter_async(
+            wire, name, op, process_set, prescale_factor, postscale_factor)))
+
+    def grouped_reducescatter_async(tensors: Sequence[Any], name: Optional[str] = None,
+                                    op: Optional[int] = None, process_set: PS = None,
+                                    prescale_factor: float = 1.0,
+                                    postscale_factor: float = 1.0) -> c.GroupHandle:
+        return c.grouped(reducescatter_async, tensors, name, "reducescatter", process_set,
+                         op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor)
+
+    def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
+                              compression: Optional[type[Compressor]] = None,
+                              op: Optional[int] = None, process_set: PS = None,
+                              prescale_factor: float = 1.0,
+                              postscale_factor: float = 1.0) -> list[Any]:
+        compression = compression or Compression.none
+        wires = [compression.compress(t) for t in tensors]
+        results = sync(grouped_reducescatter_async([w for w, _ in wires], name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, wires)]
+
+    def join(device: int = -1) -> int:
+        """Signal this rank is out of data; returns the last rank to join. ``device``
+        is accepted for Horovod compatibility."""
+        return c.join()
+
+    ops = dict(locals())
+    ops.update(synchronize=c.synchronize, poll=c.poll, barrier=c.barrier)
+    return {name: _tag(ops[name], adapter) for name in OP_NAMES}
+
+
+def _tag(function: Callable[..., Any], adapter: TensorAdapter) -> Callable[..., Any]:
+    """Name the generated function after the binding (for help() and tracebacks)."""
+    if getattr(function, "__module__", "").startswith("hvdlite.api.collectives"):
+        return function
+    module = "hvdlite" if adapter.framework == "numpy" else f"hvdlite.{adapter.framework}"
+    function.__module__ = module
+    function.__qualname__ = function.__name__
+    return function
+
+
+__all__ = ["OP_NAMES", "make_ops"]

@@ -1,0 +1,202 @@
+"""Process-wide hvdlite state: one Runtime, a thin ``init()`` and ``shutdown()``.
+
+Importing this module starts nothing: mpi4py (which initialises MPI when its
+``MPI`` module is imported) and the engine are imported inside ``init()``, so
+forked DataLoader workers, launchers and test collection never get MPI state
+they did not ask for.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+
+from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.config import Config
+from hvdlite.errors import NotInitializedError, UsageError
+
+if TYPE_CHECKING:
+    from hvdlite.core.engine import Engine
+    from hvdlite.core.topology import Topology
+
+_log = logging.getLogger("hvdlite")
+
+
+@dataclasses.dataclass
+class Runtime:
+    config: Optional[Config] = None
+    engine: Optional["Engine"] = None
+    topology: Optional["Topology"] = None
+    name_counters: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    atexit_registered: bool = False
+
+
+RUNTIME = Runtime()
+
+
+def init(comm: Any = None, process_sets: Optional[Iterable[ProcessSet]] = None) -> None:
+    """Start hvdlite on every rank of ``comm`` (default: COMM_WORLD).
+
+    Args:
+        comm: an mpi4py communicator, or a list of COMM_WORLD ranks to run on.
+        process_sets: ProcessSets to register right away (same list on every rank).
+
+    A second call while running is harmless. Settings come from HVDLITE_*
+    variables (see hvdlite.config). Collective: every rank of ``comm`` calls it.
+    """
+    from mpi4py import MPI   # here, not at import: importing it initialises MPI
+    from hvdlite.core import failure
+    from hvdlite.core.engine import Engine
+    from hvdlite.core.topology import check_launch
+    with RUNTIME.lock:
+        if RUNTIME.engine is not None:
+            if RUNTIME.engine.dead is None:
+                return
+            RUNTIME.engine.shutdown()
+        config = Config.load()
+        _configure_logging(config, MPI.COMM_WORLD.Get_rank())
+        check_launch(MPI.COMM_WORLD.Get_size())
+        engine = Engine(config, _resolve_comm(MPI, comm))
+        topology = engine.start()
+        RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
+        RUNTIME.name_counters.clear()
+        if config.abort_on_error:
+            failure.install(topology.rank, topology.size)
+        if not RUNTIME.atexit_registered:
+            atexit.register(shutdown)
+            RUNTIME.atexit_registered = True
+    from hvdlite.api.collectives import add_process_set
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def _resolve_comm(MPI: Any, comm: Union[Any, Sequence[int], None]) -> Any:
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    ranks = sorted(int(r) for r in comm)
+    if MPI.COMM_WORLD.Get_rank() not in ranks:
+        raise UsageError(f"rank {MPI.COMM_WORLD.Get_rank()} called init(comm={ranks}) but "
+                         "is not in that list; only the listed ranks may call it")
+    return MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(ranks))
+
+
+def _configure_logging(config: Config, rank: int) -> None:
+    logger = logging.getLogger("hvdlite")
+    logger.setLevel(config.log_level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"[hvdlite rank {rank}] %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def shutdown() -> None:
+    """Stop the engine. Other ranks' later collectives fail with ShutdownError."""
+    with RUNTIME.lock:
+        engine, RUNTIME.engine = RUNTIME.engine, None
+        RUNTIME.topology = None
+    if engine is not None:
+        engine.shutdown()
+
+
+def is_initialized() -> bool:
+    return RUNTIME.engine is not None
+
+
+def engine(what: str = "this function") -> "Engine":
+    current = RUNTIME.engine
+    if current is None:
+        raise NotInitializedError(what)
+    current.raise_if_dead()
+    return current
+
+
+def topology(what: str) -> "Topology":
+    current = RUNTIME.topology
+    if current is None:
+        raise NotInitializedError(what)
+    return current
+
+
+def rank() -> int:
+    return topology("hvdlite.rank()").rank
+
+
+def size() -> int:
+    return topology("hvdlite.size()").size
+
+
+def local_rank() -> int:
+    return topology("hvdlite.local_rank()").local_rank
+
+
+def local_size() -> int:
+    return topology("hvdlite.local_size()").local_size
+
+
+def cross_rank() -> int:
+    return topology("hvdlite.cross_rank()").cross_rank
+
+
+def cross_size() -> int:
+    return topology("hvdlite.cross_size()").cross_size
+
+
+def is_homogeneous() -> bool:
+    return topology("hvdlite.is_homogeneous()").is_homogeneous
+
+
+def local_device() -> int:
+    """The GPU this rank should use: ``torch.cuda.set_device(hvd.local_device())``.
+    Respects CUDA_VISIBLE_DEVICES (see topology.device_for_local_rank)."""
+    from hvdlite.core.topology import device_for_local_rank
+    topo = topology("hvdlite.local_device()")
+    return device_for_local_rank(topo.local_rank, topo.local_size,
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def mpi_threads_supported() -> bool:
+    topology("hvdlite.mpi_threads_supported()")
+    from mpi4py import MPI
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def config() -> Config:
+    """The settings in force (replaced on every rank by ``reconfigure``)."""
+    return engine("hvdlite.config()").config
+
+
+def next_name(set_id: int, kind: str) -> tuple[str, str]:
+    """(name, thread) for an unnamed op: the n-th unnamed ``kind`` on a process set
+    is named the same on every rank that issues the same sequence of calls.
+    Counting per set keeps overlapping sets independent. The submitting thread
+    travels with the descriptor: unnamed ops from several threads pair up in a
+    different order on each rank, which negotiation reports instead of running
+    mismatched pairs."""
+    with RUNTIME.lock:
+        key = (set_id, kind)
+        count = RUNTIME.name_counters.get(key, 0)
+        RUNTIME.name_counters[key] = count + 1
+    return f"{kind}.noname.{count}", threading.current_thread().name
+
+
+def set_ranks(process_set: Optional[ProcessSet]) -> tuple[int, tuple[int, ...]]:
+    """(id, global ranks) of a registered set; None means the global set."""
+    current = engine("a collective")
+    if process_set is None or process_set is global_process_set:
+        return 0, tuple(range(size()))
+    set_id = process_set.process_set_id
+    if set_id is None:
+        raise UsageError(f"{process_set!r} is not registered; call "
+                         "hvdlite.add_process_set() on every rank first")
+    ranks = current.registry.ranks_of(set_id)
+    if ranks is None:
+        raise UsageError(f"{process_set!r} has been removed; add it again with "
+                         "hvdlite.add_process_set() on every rank")
+    return set_id, ranks

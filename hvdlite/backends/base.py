@@ -1,0 +1,119 @@
+"""The backend seam: every backend implements the five collectives on contiguous
+1-D buffers of one device, per process set, and returns a :class:`Work`.
+
+The executor walks a chain of backends and uses the first whose ``supports``
+accepts a request (Horovod's operation manager, torch c10d's ProcessGroup):
+adding NCCL or a staged GPU path is one more entry, not an ``if`` in the
+executor. A backend owns its communicator per process set (``open_set`` /
+``close_set``, called on the engine thread when a set is registered or
+removed); it receives the set's MPI communicator so that a GPU backend can
+bootstrap its own (an NCCL unique id broadcast over MPI).
+
+Buffers are arrays of the device's array namespace (NumPy on the CPU, CuPy on
+a GPU). Completion is the backend's business: a CPU backend finishes before it
+returns (``Done``); a GPU backend returns work that finishes on a stream, and
+the engine completes the handles once ``done()`` says so.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from hvdlite.reduce_op import ReduceOp
+
+Buffer = Any   # a contiguous 1-D array of the device's namespace (numpy.ndarray, cupy.ndarray)
+
+
+class Work(Protocol):
+    """A collective in progress."""
+
+    def done(self) -> bool:
+        """True once the results are in the output buffers (never blocks)."""
+
+    def wait(self) -> None:
+        """Block until ``done()``."""
+
+
+class Done:
+    """Work that finished before the call returned (every blocking backend)."""
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+DONE = Done()
+
+
+class Backend(Protocol):
+    name: str
+
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+        """Whether this backend runs ``kind`` ("allreduce", "allgather", "broadcast",
+        "alltoall", "reducescatter") on ``nbytes`` of ``dtype`` on ``device``."""
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype reductions of ``dtype`` run in (the fusion buffer's dtype)."""
+
+    def open_set(self, set_id: int, comm: Any) -> None:
+        """Start serving a process set whose MPI communicator is ``comm``."""
+
+    def close_set(self, set_id: int) -> None:
+        """Release what ``open_set`` created (the MPI communicator is not ours)."""
+
+    def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Work:
+        """Reduce ``buf`` in place across the set."""
+
+    def allgather(self, set_id: int, send: Buffer, recv: Buffer,
+                  counts: Sequence[int]) -> Work:
+        """Concatenate every rank's ``send`` into ``recv``; rank r sends ``counts[r]``
+        elements. Byte buffers (uint8) for data of any dtype."""
+
+    def broadcast(self, set_id: int, buf: Buffer, root: int) -> Work:
+        """Overwrite ``buf`` on every rank with rank ``root``'s (set ranks)."""
+
+    def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
+                 recv: Buffer, recv_counts: Sequence[int]) -> Work:
+        """Send ``send_counts[r]`` consecutive elements to rank r; receive
+        ``recv_counts[r]`` from rank r, in rank order."""
+
+    def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
+                      out: Buffer, op: ReduceOp) -> Work:
+        """Reduce ``buf`` across the set; rank r's slice (``counts[r]`` elements, in
+        rank order) lands in ``out``. ``buf`` may be clobbered."""
+
+
+# MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage
+# for it, so on host backends half types are reduced as float32 (packed with a
+# widening copy). A GPU backend reduces them natively and says so.
+_WIDENED = {np.dtype(np.float16): np.dtype(np.float32),
+            np.dtype(ml_dtypes.bfloat16): np.dtype(np.float32)}
+
+
+def widened_dtype(dtype: np.dtype) -> np.dtype:
+    return _WIDENED.get(np.dtype(dtype), np.dtype(dtype))
+
+
+def segment_bounds(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of consecutive segments of the given lengths."""
+    bounds, start = [], 0
+    for count in counts:
+        bounds.append((start, start + count))
+        start += count
+    return bounds
+
+
+def offsets(sizes: Sequence[int]) -> list[int]:
+    """Start offset of each segment in a packed buffer."""
+    return [start for start, _ in segment_bounds(sizes)]
+
+
+def even_counts(total: int, parts: int) -> list[int]:
+    """Split ``total`` into ``parts`` near-equal counts, the first ones larger."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

@@ -1,0 +1,93 @@
+"""The engine's one registry of process sets.
+
+It allocates set ids, splits and frees each set's communicator, opens and
+closes the set on every backend, and fails the set's pending requests when
+the set goes away. Only the engine thread changes it; adds and removes are
+themselves negotiated on the global set, so every rank changes its registry
+at the same point in the order of collectives and ids agree everywhere. Ids
+are never reused: a removed set's id stays retired, so a stale
+``ProcessSet`` value can never address a newer set by accident.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Iterator, Optional
+
+from mpi4py import MPI
+
+from hvdlite.core.cache import ResponseCache
+from hvdlite.core.negotiation import Coordinator
+from hvdlite.core.requests import Request
+
+GLOBAL_SET_ID = 0
+
+
+@dataclasses.dataclass
+class SetState:
+    """The engine's view of one process set this rank is a member of."""
+    set_id: int
+    ranks: tuple[int, ...]          # global ranks, ascending
+    comm: MPI.Comm                  # private communicator for negotiation and data
+    cache: ResponseCache
+    coordinator: Optional[Coordinator]
+    pending: dict[str, Request] = dataclasses.field(default_factory=dict)
+
+
+class ProcessSetRegistry:
+    def __init__(self, cache_capacity: int, on_open: Callable[[int, MPI.Comm], None],
+                 on_close: Callable[[int], None]) -> None:
+        self._cache_capacity = cache_capacity
+        self._on_open, self._on_close = on_open, on_close
+        self._members: dict[int, SetState] = {}      # sets this rank belongs to
+        self._ranks: dict[int, tuple[int, ...]] = {}  # every registered set
+        self._next_id = GLOBAL_SET_ID
+
+    # -- reads (any thread: plain dict lookups are atomic under the GIL) --------------------
+    def ranks_of(self, set_id: int) -> Optional[tuple[int, ...]]:
+        return self._ranks.get(set_id)
+
+    def id_of(self, ranks: Iterable[int]) -> Optional[int]:
+        wanted = tuple(ranks)
+        return next((i for i, r in self._ranks.items() if r == wanted), None)
+
+    def member(self, set_id: int) -> Optional[SetState]:
+        return self._members.get(set_id)
+
+    def members(self) -> Iterator[SetState]:
+        """The sets this rank negotiates on, in id order (the same order everywhere)."""
+        return iter([self._members[i] for i in sorted(self._members)])
+
+    # -- changes (engine thread) --------------------------------------------------------------
+    def add(self, ranks: tuple[int, ...], world: MPI.Comm) -> int:
+        """Register a set on every rank of ``world`` (collective over ``world``)."""
+        set_id = self._next_id
+        self._next_id += 1
+        if set_id == GLOBAL_SET_ID:
+            comm = world.Dup()
+        else:
+            member = world.Get_rank() in ranks
+            comm = world.Split(0 if member else MPI.UNDEFINED, key=world.Get_rank())
+        self._ranks[set_id] = ranks
+        if comm != MPI.COMM_NULL:
+            coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
+            self._members[set_id] = SetState(set_id, ranks, comm,
+                                             ResponseCache(self._cache_capacity), coordinator)
+            self._on_open(set_id, comm)
+        return set_id
+
+    def remove(self, set_id: int, fail: Callable[[Request], None]) -> bool:
+        """Unregister a set; its pending requests go to ``fail``. False if unknown."""
+        if set_id == GLOBAL_SET_ID or self._ranks.pop(set_id, None) is None:
+            return False
+        state = self._members.pop(set_id, None)
+        if state is not None:
+            for request in list(state.pending.values()):
+                fail(request)
+            state.pending.clear()
+            self._on_close(set_id)
+            state.comm.Free()
+        return True
+
+    def close_all(self) -> None:
+        for set_id in sorted(self._members):
+            self._on_close(set_id)
