@@ -1,0 +1,64 @@
+"""The engine's process-set registry: ids are never reused, a set can be removed
+and re-added with the same ranks many times (also after a failed collective on
+it), and settings change by a negotiated reconfiguration."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from hvdlite.api import runtime
+from hvdlite.api.collectives import reconfigure
+
+
+def _sum_on(process_set: hvd.ProcessSet, tag: str) -> None:
+    if process_set.included():
+        result = hvd.allreduce(np.ones(2), op=hvd.Sum, name=tag, process_set=process_set)
+        np.testing.assert_array_equal(result, np.full(2, float(process_set.size())))
+
+
+def test_remove_and_re_add_the_same_ranks_many_times() -> None:
+    ranks = list(range(0, hvd.size(), 2))        # even ranks: a real subset from np=3 on
+    seen_ids = set()
+    for round_ in range(25):
+        process_set = hvd.add_process_set(hvd.ProcessSet(ranks))
+        assert process_set.process_set_id not in seen_ids
+        seen_ids.add(process_set.process_set_id)
+        _sum_on(process_set, f"readd.{round_}")
+        assert hvd.remove_process_set(process_set)
+        assert not hvd.remove_process_set(process_set)
+    with pytest.raises(hvd.UsageError, match="not registered"):
+        hvd.allreduce(np.ones(1), process_set=process_set)
+
+
+def test_re_add_after_a_failed_collective_on_the_set() -> None:
+    ranks = list(range(hvd.size()))[::-1][: max(1, hvd.size() - 1)]
+    for round_ in range(5):
+        process_set = hvd.add_process_set(ranks)
+        if process_set.included():
+            shape = (3,) if process_set.rank() == 0 else (4,)
+            expect = hvd.MismatchError if process_set.size() > 1 else None
+            if expect:
+                with pytest.raises(expect, match="shape"):
+                    hvd.allreduce(np.ones(shape), name=f"bad.{round_}", process_set=process_set)
+        _sum_on(process_set, f"after.bad.{round_}")
+        hvd.remove_process_set(process_set)
+    result = hvd.allreduce(np.ones(1), op=hvd.Sum, name="registry.global.ok")
+    assert result[0] == hvd.size()
+
+
+def test_reconfigure_switches_every_rank_and_rejects_disagreement() -> None:
+    before = runtime.config().allreduce
+    reconfigure(allreduce="ring")
+    assert runtime.config().allreduce == "ring"
+    data = np.arange(1 << 16, dtype=np.float32)
+    np.testing.assert_array_equal(hvd.allreduce(data, op=hvd.Sum, name="reconf.ring"),
+                                  data * hvd.size())
+    reconfigure(allreduce=before)
+    if hvd.size() > 1:
+        choice = "mpi" if hvd.rank() == 0 else "ring"
+        with pytest.raises(hvd.MismatchError, match="settings"):
+            reconfigure(allreduce=choice)
+        assert runtime.config().allreduce == before
+    with pytest.raises(hvd.ConfigError):
+        reconfigure(no_such_setting=1)
