@@ -1,0 +1,107 @@
+"""Gradient reduction bookkeeping shared by every framework's DistributedOptimizer.
+
+A framework tells the reducer when a parameter's gradient is ready (a torch
+hook, or a Keras ``apply_gradients`` call for all of them at once). The
+reducer counts backward passes (``backward_passes_per_step``), releases
+gradient groups only when every member is ready (``groups=``), compresses,
+starts the in-place allreduce, and on ``wait_all`` decompresses the results
+back into the gradients. What is framework-specific (hooks, zeros for a
+missing gradient, sparse gradients) stays in the binding.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Optional, Sequence, Union
+
+from hvdlite.api import runtime
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.compression import Compressor
+from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.reduce_op import ReduceOp
+
+Key = Hashable
+Groups = Union[None, int, Sequence[Sequence[Any]]]
+
+
+def plan_groups(keys: Sequence[Key], groups: Groups,
+                key_of: Callable[[Any], Key] = lambda k: k) -> tuple[dict[Key, int], list[list[Key]]]:
+    """(group index per key, keys per group) from ``groups``: a number of groups of
+    consecutive parameters, or explicit lists of parameters (mapped by ``key_of``)."""
+    if groups is None:
+        return {}, []
+    if isinstance(groups, int):
+        if groups < 1:
+            raise UsageError("groups must be a positive number of groups or a list of lists")
+        size = -(-len(keys) // groups)
+        members = [list(keys[i:i + size]) for i in range(0, len(keys), size)]
+    else:
+        members = [[key_of(p) for p in group] for group in groups]
+    return {k: g for g, group in enumerate(members) for k in group}, members
+
+
+class GradientReducer:
+    def __init__(self, ops: dict[str, Callable[..., Any]], names: dict[Key, str],
+                 compression: type[Compressor], passes_per_step: int, op: int,
+                 predivide: float, process_set: Optional[ProcessSet],
+                 groups: tuple[dict[Key, int], list[list[Key]]]) -> None:
+        if passes_per_step < 1:
+            raise UsageError("backward_passes_per_step must be >= 1")
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            raise UsageError("DistributedOptimizer reduces gradients with op=Average or Sum")
+        if predivide != 1.0 and op != ReduceOp.AVERAGE:
+            raise UsageError("gradient_predivide_factor needs op=Average")
+        self._allreduce_async_ = ops["allreduce_async_"]
+        self._synchronize = ops["synchronize"]
+        self.names = names
+        self._compression = compression
+        self.passes_per_step = passes_per_step
+        self._op, self._predivide, self._process_set = op, predivide, process_set
+        self._group_of, self._group_members = groups
+        self.pending: dict[Key, tuple[int, Any, Any, Any]] = {}
+        self._passes: dict[Key, int] = {}
+        self._ready_in_group: dict[int, int] = {}
+
+    def ready(self, key: Key) -> list[Key]:
+        """Count one backward pass for ``key``; return the keys now due for reduction."""
+        if key in self.pending:
+            raise HvdliteError(
+                f"rank {runtime.rank()}: the gradient of '{self.names[key]}' was computed "
+                f"more than backward_passes_per_step={self.passes_per_step} times before "
+                "step(). Raise backward_passes_per_step to accumulate gradients locally, "
+                "or call step() (or synchronize()) after each backward().")
+        passes = self._passes.get(key, 0) + 1
+        self._passes[key] = passes
+        if passes < self.passes_per_step:
+            return []
+        group = self._group_of.get(key)
+        if group is None:
+            return [key]
+        self._ready_in_group[group] = self._ready_in_group.get(group, 0) + 1
+        if self._ready_in_group[group] == len(self._group_members[group]):
+            return list(self._group_members[group])
+        return []
+
+    def submit(self, key: Key, grad: Any) -> None:
+        """Start the in-place allreduce of ``grad`` (compressed on the wire)."""
+        wire, context = self._compression.compress(grad)
+        op, prescale, postscale = self._op, 1.0, 1.0
+        if self._predivide != 1.0:   # Average as Sum, split the division around the sum
+            size = self._process_set.size() if self._process_set else runtime.size()
+            op, prescale, postscale = ReduceOp.SUM, 1.0 / self._predivide, self._predivide / size
+        handle = self._allreduce_async_(wire, name=f"allreduce.{self.names[key]}", op=op,
+                                        prescale_factor=prescale, postscale_factor=postscale,
+                                        process_set=self._process_set)
+        self.pending[key] = (handle, grad, wire, context)
+
+    def wait_all(self, store: Callable[[Any, Any], None]) -> None:
+        """Wait for every pending reduction; ``store(grad, restored)`` writes a
+        decompressed result back when the wire tensor was a compressed copy."""
+        for handle, grad, wire, context in self.pending.values():
+            self._synchronize(handle)
+            if wire is not grad:
+                store(grad, self._compression.decompress(wire, context))
+        self.reset()
+
+    def reset(self) -> None:
+        self.pending.clear()
+        self._passes.clear()
+        self._ready_in_group.clear()
