@@ -7,15 +7,16 @@ Importing has no side effects: mpi4py, and with it MPI, is loaded by
 """
 from hvdlite.api.adapter import NUMPY as _NUMPY
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES, make_ops as _make_ops
-from hvdlite.api.collectives import GroupHandle, add_process_set, remove_process_set
+from hvdlite.api.control import add_process_set, init, remove_process_set
+from hvdlite.api.submission import GroupHandle
 from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, cuda_built,
                                  gloo_built, mpi_built, mpi_enabled, nccl_built,
                                  start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
-from hvdlite.api.runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized,
+from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
                                  local_device, local_rank, local_size, mpi_threads_supported,
                                  rank, shutdown, size)
-from hvdlite.compression import Compression
+from hvdlite.api.compression import Compression
 from hvdlite.errors import (ConfigError, DuplicateNameError, HvdliteError, HvdliteTypeError,
                             JoinError, MismatchError, NotInitializedError, ShutdownError,
                             StallError, UsageError)

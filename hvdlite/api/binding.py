@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from hvdlite.api import collectives as c
+from hvdlite.api import submission
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.compression import Compression, Compressor
+from hvdlite.api.compression import Compression, Compressor
 
 # Every name make_ops returns; the public API of each binding includes them all.
 OP_NAMES = (
@@ -41,7 +42,7 @@ def _compressed(compression: Optional[type[Compressor]], tensor: Any,
 def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     """The public collectives on ``adapter``'s tensors, by name (see OP_NAMES)."""
     a = adapter
-    sync = c.synchronize
+    sync = submission.synchronize
 
     def allreduce_async(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                         op: Optional[int] = None, prescale_factor: float = 1.0,
@@ -72,7 +73,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def grouped_allreduce_async(tensors: Sequence[Any], average: Optional[bool] = None,
                                 name: Optional[str] = None, op: Optional[int] = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                process_set: PS = None) -> c.GroupHandle:
+                                process_set: PS = None) -> submission.GroupHandle:
         return c.grouped(allreduce_async, tensors, name, "allreduce", process_set,
                          average=average, op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor)
@@ -80,7 +81,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def grouped_allreduce_async_(tensors: Sequence[Any], average: Optional[bool] = None,
                                  name: Optional[str] = None, op: Optional[int] = None,
                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                 process_set: PS = None) -> c.GroupHandle:
+                                 process_set: PS = None) -> submission.GroupHandle:
         return c.grouped(allreduce_async_, tensors, name, "allreduce_", process_set,
                          average=average, op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor)
@@ -111,7 +112,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
         return sync(allgather_async(tensor, name, process_set))
 
     def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
-                                process_set: PS = None) -> c.GroupHandle:
+                                process_set: PS = None) -> submission.GroupHandle:
         return c.grouped(allgather_async, tensors, name, "allgather", process_set)
 
     def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
@@ -163,7 +164,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def grouped_reducescatter_async(tensors: Sequence[Any], name: Optional[str] = None,
                                     op: Optional[int] = None, process_set: PS = None,
                                     prescale_factor: float = 1.0,
-                                    postscale_factor: float = 1.0) -> c.GroupHandle:
+                                    postscale_factor: float = 1.0) -> submission.GroupHandle:
         return c.grouped(reducescatter_async, tensors, name, "reducescatter", process_set,
                          op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor)
@@ -185,13 +186,13 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
         return c.join()
 
     ops = dict(locals())
-    ops.update(synchronize=c.synchronize, poll=c.poll, barrier=c.barrier)
+    ops.update(synchronize=submission.synchronize, poll=submission.poll, barrier=c.barrier)
     return {name: _tag(ops[name], adapter) for name in OP_NAMES}
 
 
 def _tag(function: Callable[..., Any], adapter: TensorAdapter) -> Callable[..., Any]:
     """Name the generated function after the binding (for help() and tracebacks)."""
-    if getattr(function, "__module__", "").startswith("hvdlite.api.collectives"):
+    if getattr(function, "__module__", "").startswith("hvdlite.api."):
         return function
     module = "hvdlite" if adapter.framework == "numpy" else f"hvdlite.{adapter.framework}"
     function.__module__ = module

@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 from hvdlite.api import runtime
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.compression import Compressor
+from hvdlite.api.compression import Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
 

@@ -7,25 +7,25 @@ from typing import Any, Optional
 
 import numpy as np
 
-from hvdlite.api import collectives, runtime
+from hvdlite.api import collectives, runtime, submission
 from hvdlite.api.adapter import NUMPY
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.core.timeline import Timeline
 
 
 def _broadcast(array: np.ndarray, root_rank: int, name: str, process_set: Optional[ProcessSet]) -> Any:
-    return collectives.synchronize(collectives.broadcast_async(NUMPY, array, root_rank, name,
+    return submission.synchronize(collectives.broadcast_async(NUMPY, array, root_rank, name,
                                                                process_set))
 
 
 def _allgather(array: np.ndarray, name: str, process_set: Optional[ProcessSet]) -> Any:
-    return collectives.synchronize(collectives.allgather_async(NUMPY, array, name, process_set))
+    return submission.synchronize(collectives.allgather_async(NUMPY, array, name, process_set))
 
 
 def _base_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]) -> str:
     if name:
         return name
-    set_id, _ = runtime.set_ranks(process_set)
+    set_id, _ = submission.set_ranks(process_set)
     return runtime.next_name(set_id, kind)[0]
 
 
@@ -33,7 +33,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (pickled; root_rank within the set)."""
     base = _base_name("broadcast_object", name, process_set)
-    _, ranks = runtime.set_ranks(process_set)
+    _, ranks = submission.set_ranks(process_set)
     is_root = runtime.rank() in ranks and ranks.index(runtime.rank()) == root_rank
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)

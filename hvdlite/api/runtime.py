@@ -12,9 +12,8 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.config import Config
 from hvdlite.errors import NotInitializedError, UsageError
 
@@ -38,16 +37,9 @@ class Runtime:
 RUNTIME = Runtime()
 
 
-def init(comm: Any = None, process_sets: Optional[Iterable[ProcessSet]] = None) -> None:
-    """Start hvdlite on every rank of ``comm`` (default: COMM_WORLD).
-
-    Args:
-        comm: an mpi4py communicator, or a list of COMM_WORLD ranks to run on.
-        process_sets: ProcessSets to register right away (same list on every rank).
-
-    A second call while running is harmless. Settings come from HVDLITE_*
-    variables (see hvdlite.config). Collective: every rank of ``comm`` calls it.
-    """
+def start(comm: Any = None) -> None:
+    """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``).
+    A second call while running is harmless."""
     from mpi4py import MPI   # here, not at import: importing it initialises MPI
     from hvdlite.core import failure
     from hvdlite.core.engine import Engine
@@ -69,9 +61,6 @@ def init(comm: Any = None, process_sets: Optional[Iterable[ProcessSet]] = None) 
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
-    from hvdlite.api.collectives import add_process_set
-    for process_set in process_sets or ():
-        add_process_set(process_set)
 
 
 def _resolve_comm(MPI: Any, comm: Union[Any, Sequence[int], None]) -> Any:
@@ -184,19 +173,3 @@ def next_name(set_id: int, kind: str) -> tuple[str, str]:
         count = RUNTIME.name_counters.get(key, 0)
         RUNTIME.name_counters[key] = count + 1
     return f"{kind}.noname.{count}", threading.current_thread().name
-
-
-def set_ranks(process_set: Optional[ProcessSet]) -> tuple[int, tuple[int, ...]]:
-    """(id, global ranks) of a registered set; None means the global set."""
-    current = engine("a collective")
-    if process_set is None or process_set is global_process_set:
-        return 0, tuple(range(size()))
-    set_id = process_set.process_set_id
-    if set_id is None:
-        raise UsageError(f"{process_set!r} is not registered; call "
-                         "hvdlite.add_process_set() on every rank first")
-    ranks = current.registry.ranks_of(set_id)
-    if ranks is None:
-        raise UsageError(f"{process_set!r} has been removed; add it again with "
-                         "hvdlite.add_process_set() on every rank")
-    return set_id, ranks

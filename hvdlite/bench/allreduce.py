@@ -18,7 +18,7 @@ from mpi4py import MPI
 import hvdlite as hvd
 from hvdlite.bench.timing import seconds_per_call
 from hvdlite.api import runtime
-from hvdlite.api.collectives import reconfigure
+from hvdlite.api.control import reconfigure
 
 
 def _with_backend(name: str, comm: MPI.Comm) -> None:

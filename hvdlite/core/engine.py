@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI

@@ -15,7 +15,7 @@ import torch
 import hvdlite as _hvd
 from hvdlite.api.binding import make_ops
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.compression import Compression, Compressor
+from hvdlite.api.compression import Compression, Compressor
 from hvdlite.torch.adapter import TORCH
 
 _OPS = make_ops(TORCH)

@@ -21,7 +21,7 @@ import torch
 import hvdlite as _hvd
 from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.compression import Compression, Compressor
+from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.torch.ops import OPS
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite.api import runtime
-from hvdlite.api.collectives import reconfigure
+from hvdlite.api.control import reconfigure
 
 _RESULTS = MPI.COMM_WORLD.Dup()   # test bookkeeping only, never used by hvdlite
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.api.collectives import reconfigure
+from hvdlite.api.control import reconfigure
 
 
 def _next_op_works(tag: str) -> None:

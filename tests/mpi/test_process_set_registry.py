@@ -8,7 +8,7 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.api import runtime
-from hvdlite.api.collectives import reconfigure
+from hvdlite.api.control import reconfigure
 
 
 def _sum_on(process_set: hvd.ProcessSet, tag: str) -> None:

@@ -1,0 +1,208 @@
+"""Submitting a collective, for any framework's tensors through its adapter.
+
+Every call runs in two steps on the user thread. ``Call`` resolves the
+process set and the name (unnamed ops are numbered per set and kind). Then
+the arguments are checked and converted; if that fails, this rank still
+submits an *error marker* under the same name before raising, so negotiation
+fails the collective on every rank (a MismatchError naming this rank and
+argument) instead of leaving the others waiting. Nothing invalid ever
+reaches the engine.
+
+In-place ops accept targets of any strides: a non-contiguous target gets a
+contiguous staging output, copied back into the target on completion.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from hvdlite.api import runtime
+from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.core.devices import array_namespace
+from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
+from hvdlite.errors import HvdliteTypeError, UsageError
+
+_OPS_BY_VALUE = {int(op): op for op in ReduceOp}
+
+
+class GroupHandle:
+    """The handle of a grouped op: synchronizing it returns a list of results."""
+
+    def __init__(self, handles: Sequence[int]) -> None:
+        self.handles = list(handles)
+
+
+Handle = Any   # int, or GroupHandle
+
+
+def poll(handle: Handle) -> bool:
+    """True once ``synchronize(handle)`` would return without waiting."""
+    engine = runtime.engine("hvdlite.poll()")
+    if isinstance(handle, GroupHandle):
+        return all(engine.handles.poll(h) for h in handle.handles)
+    return engine.handles.poll(handle)
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an async op; return its result (in the caller's framework) or raise
+    its error (an HvdliteError)."""
+    engine = runtime.RUNTIME.engine
+    if engine is None:
+        raise runtime.NotInitializedError("hvdlite.synchronize()")
+    if isinstance(handle, GroupHandle):
+        return [engine.handles.wait(h) for h in handle.handles]
+    return engine.handles.wait(handle)
+
+
+def set_ranks(process_set: Optional[ProcessSet]) -> tuple[int, tuple[int, ...]]:
+    """(id, global ranks) of a registered set; None means the global set."""
+    current = runtime.engine("a collective")
+    if process_set is None or process_set is global_process_set:
+        return 0, tuple(range(runtime.size()))
+    set_id = process_set.process_set_id
+    if set_id is None:
+        raise UsageError(f"{process_set!r} is not registered; call "
+                         "hvdlite.add_process_set() on every rank first")
+    ranks = current.registry.ranks_of(set_id)
+    if ranks is None:
+        raise UsageError(f"{process_set!r} has been removed; add it again with "
+                         "hvdlite.add_process_set() on every rank")
+    return set_id, ranks
+
+
+class Call:
+    """One collective call: its set, its name, and submission (or a marker)."""
+    __slots__ = ("kind", "set_id", "set_size", "name", "thread")
+
+    def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet],
+                 auto_kind: Optional[str] = None) -> None:
+        self.kind = kind
+        self.set_id, ranks = set_ranks(process_set)
+        me = runtime.rank()
+        if self.set_id and me not in ranks:
+            raise UsageError(f"rank {me} is not in process set {self.set_id} (ranks "
+                             f"{list(ranks)}); only its members may call {kind.value} on it")
+        self.set_size = len(ranks)
+        self.thread = ""
+        if name is None:
+            name, self.thread = runtime.next_name(self.set_id, auto_kind or kind.value)
+        self.name = name
+
+    def submit(self, array: Any, output: Any = None, writeback: Any = None,
+               finish: Optional[Callable[[Any], Any]] = None, **fields: Any) -> int:
+        desc = Descriptor(self.name, self.kind, thread=self.thread, **fields)
+        request = Request(desc, self.set_id, array, output)
+        request.writeback = writeback
+        return runtime.engine(f"hvdlite.{self.kind.value}()").submit(request, finish)
+
+    def mark(self, error: BaseException) -> None:
+        """Tell every rank, through negotiation, that this rank's call failed."""
+        desc = Descriptor(self.name, self.kind, thread=self.thread, error=str(error))
+        runtime.engine().submit(Request(desc, self.set_id))
+
+
+def guarded(call: Call, build: Callable[[], int]) -> int:
+    """Run ``build`` (checks, conversion, submission); on an argument error, send
+    the marker, then raise on this rank."""
+    try:
+        return build()
+    except (UsageError, HvdliteTypeError) as error:
+        call.mark(error)
+        raise
+
+
+# -- argument checks (user thread) ---------------------------------------------------------
+def reduce_op(op: Optional[int], average: Optional[bool] = None) -> ReduceOp:
+    if average is None and op in _OPS_BY_VALUE:
+        return _OPS_BY_VALUE[op]   # the common case, without enum construction
+    if op is not None and average is not None:
+        raise UsageError("pass either op= or the deprecated average=, not both")
+    if average is not None:
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    try:
+        return ReduceOp(ReduceOp.AVERAGE if op is None else op)
+    except ValueError:
+        raise UsageError(f"unknown reduction op {op!r}; use one of hvdlite.Average, Sum, "
+                         "Min, Max, Product") from None
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_class(dtype: np.dtype) -> str:
+    """'int', 'float', 'complex', 'bool' or '' (unsupported); cached per dtype
+    because numpy's issubdtype is slow on a path taken once per tensor."""
+    if dtype == np.bool_:
+        return "bool"
+    if dtype.name == "bfloat16" or np.issubdtype(dtype, np.floating):
+        return "float"
+    if np.issubdtype(dtype, np.integer):
+        return "int"
+    return "complex" if np.issubdtype(dtype, np.complexfloating) else ""
+
+
+class Input:
+    """A tensor's array (contiguous, for sending) and the fields that describe it."""
+    __slots__ = ("array", "view", "device")
+
+    def __init__(self, adapter: TensorAdapter, tensor: Any, what: str) -> None:
+        view = adapter.to_array(adapter.require(tensor, what))
+        if not dtype_class(np.dtype(view.dtype)):
+            raise HvdliteTypeError(
+                f"{what}: unsupported dtype {view.dtype}; hvdlite moves numeric arrays "
+                "(integers, float16/bfloat16/32/64, complex) and bool")
+        self.view = view                      # the caller's memory, strides and all
+        self.device = adapter.device(tensor)
+        self.array = view if view.flags.c_contiguous else _contiguous(view, self.device)
+
+    def fields(self, array: Any = None) -> dict[str, Any]:
+        array = self.array if array is None else array
+        return {"dtype": dtype_name(array.dtype), "shape": array.shape, "device": self.device}
+
+
+def _contiguous(view: Any, device: str) -> Any:
+    return array_namespace(device).ascontiguousarray(view)
+
+
+def inplace_output(source: Input, what: str) -> tuple[Any, Any]:
+    """(output the engine writes, target to copy it back into, or None)."""
+    view = source.view
+    if not view.flags.writeable:
+        raise HvdliteTypeError(f"{what} writes its result into the tensor, which is read-only")
+    if any(stride == 0 and extent > 1 for stride, extent in zip(view.strides, view.shape)):
+        raise UsageError(f"{what} cannot write into a tensor whose elements share memory "
+                         f"(shape {view.shape}, strides {view.strides}, e.g. an expand()ed "
+                         "view); pass a tensor with its own memory, or use the out-of-place op")
+    if view.flags.c_contiguous:
+        return view, None
+    return source.array, view      # the staging copy already holds the input
+
+
+def check_reduction(source: Input, op: ReduceOp, name: str) -> None:
+    kind = dtype_class(np.dtype(source.array.dtype))
+    if kind == "bool":
+        raise HvdliteTypeError(f"'{name}': cannot reduce bool arrays; cast to an integer type")
+    if kind == "complex" and op in (ReduceOp.MIN, ReduceOp.MAX):
+        raise HvdliteTypeError(f"'{name}': {op.name} is undefined for complex dtype "
+                               f"{source.array.dtype}")
+
+
+def check_scale(value: float, label: str) -> float:
+    if value == 1.0:
+        return 1.0
+    value = float(value)
+    if not math.isfinite(value):
+        raise UsageError(f"{label} must be finite, got {value}")
+    return value
+
+
+def check_root(root_rank: int, call: Call) -> int:
+    root = int(root_rank)
+    if not 0 <= root < call.set_size:
+        raise UsageError(f"root_rank={root_rank} is outside the process set of size "
+                         f"{call.set_size} (valid: 0..{call.set_size - 1})")
+    return root
+
+
