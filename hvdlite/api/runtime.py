@@ -29,7 +29,7 @@ class Runtime:
     config: Optional[Config] = None
     engine: Optional["Engine"] = None
     topology: Optional["Topology"] = None
-    name_counters: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)
+    name_counters: dict[tuple, int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
 
@@ -164,12 +164,19 @@ def config() -> Config:
 def next_name(set_id: int, kind: str) -> tuple[str, str]:
     """(name, thread) for an unnamed op: the n-th unnamed ``kind`` on a process set
     is named the same on every rank that issues the same sequence of calls.
-    Counting per set keeps overlapping sets independent. The submitting thread
-    travels with the descriptor: unnamed ops from several threads pair up in a
-    different order on each rank, which negotiation reports instead of running
-    mismatched pairs."""
+
+    Counting per set keeps overlapping sets independent. Counting per thread
+    keeps unnamed ops from several threads correct: each thread's n-th op pairs
+    with the same thread's n-th op on every rank, whatever the interleaving
+    (threads are told apart by name, which matches across ranks when they are
+    created in the same order). The thread also travels in the descriptor, so
+    a pairing of different threads is a MismatchError, never a wrong result.
+    """
+    thread = threading.current_thread()
+    own = thread is not threading.main_thread()
+    key = (set_id, kind, thread.name) if own else (set_id, kind)
     with RUNTIME.lock:
-        key = (set_id, kind)
         count = RUNTIME.name_counters.get(key, 0)
         RUNTIME.name_counters[key] = count + 1
-    return f"{kind}.noname.{count}", threading.current_thread().name
+    name = f"{kind}.noname.{thread.name}.{count}" if own else f"{kind}.noname.{count}"
+    return name, thread.name
