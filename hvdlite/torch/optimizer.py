@@ -14,6 +14,7 @@ state survives wrapping and ``state_dict()`` round-trips unchanged.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -50,6 +51,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             plan_groups([id(p) for p in self._params], groups, key_of=id))
         self._synchronized = False
         self._should_synchronize = True
+        self._warned_double_sync = False
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                               for p in self._params]
 
@@ -122,10 +124,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = previous
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
+        if self._should_synchronize and self._synchronized:
+            self._warn_step_after_synchronize()
         if self._should_synchronize and not (self._synchronized and not self._reducer.pending):
             self.synchronize()
         self._synchronized = False
         return self._optimizer.step(closure)
+
+    def _warn_step_after_synchronize(self) -> None:
+        # Horovod warns here too: the gradients are already reduced (we never
+        # reduce them twice), but the script means skip_synchronize().
+        if self._warned_double_sync:
+            return
+        self._warned_double_sync = True
+        warnings.warn(
+            "optimizer.step() was called right after optimizer.synchronize(); the "
+            "gradients are already averaged and are not reduced again. Wrap step() in "
+            "`with optimizer.skip_synchronize():` to say so and silence this warning.",
+            UserWarning, stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._reducer.pending:
