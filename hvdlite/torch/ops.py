@@ -314,8 +314,67 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(scattered, wires)]
 
 
+# -- sparse tensors: reduced by allgathering every rank's coalesced indices and values.
+class SparseHandle:
+    """The handle of ``sparse_allreduce_async``: ``synchronize`` returns the
+    reduced, coalesced sparse tensor."""
+
+    def __init__(self, indices: int, values: int, shape: torch.Size, scale: float) -> None:
+        self.indices, self.values, self.shape, self.scale = indices, values, shape, scale
+
+    def result(self) -> torch.Tensor:
+        indices = _plain_synchronize(self.indices)
+        values = _plain_synchronize(self.values)
+        if self.scale != 1.0:
+            values = values * self.scale
+        # Duplicate coordinates from different ranks add up when coalescing. Checked:
+        # a peer with another shape would send indices out of range (a crash unchecked).
+        return torch.sparse_coo_tensor(indices.t(), values, self.shape,
+                                       check_invariants=True).coalesce()
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
+                           op: Optional[int] = None,
+                           process_set: Optional[ProcessSet] = None) -> SparseHandle:
+    """Start reducing a sparse COO tensor (op=Average or Sum): every rank's coalesced
+    indices and values are allgathered, so only non-zero rows travel."""
+    reduction = _hvd.Average if op is None else op
+    if reduction not in (_hvd.Average, _hvd.Sum):
+        raise UsageError("sparse_allreduce_async reduces with op=Average or Sum")
+    if not (TORCH.is_tensor(tensor) and tensor.is_sparse):
+        raise UsageError("sparse_allreduce_async expects a sparse COO torch tensor")
+    coalesced = tensor.detach().coalesce()
+    # Rows are non-zeros: indices as (nnz, sparse_dim) so allgather concatenates them.
+    indices = coalesced.indices().t().contiguous()
+    values = coalesced.values().contiguous()
+    names = (None, None) if name is None else (f"{name}.indices", f"{name}.values")
+    handles = (allgather_async(indices, names[0], process_set),
+               allgather_async(values, names[1], process_set))
+    scale = 1.0 / _set_size(process_set) if reduction == _hvd.Average else 1.0
+    return SparseHandle(*handles, coalesced.shape, scale)
+
+
+_plain_synchronize = _OPS["synchronize"]
+_plain_poll = _OPS["poll"]
+
+
+def synchronize(handle: Any) -> Any:  # noqa: F811 (extends the generated one)
+    """Wait for an async op and return its result; a ``SparseHandle`` gives the
+    reduced sparse tensor."""
+    if isinstance(handle, SparseHandle):
+        return handle.result()
+    return _plain_synchronize(handle)
+
+
+def poll(handle: Any) -> bool:
+    """True once ``synchronize(handle)`` would return without waiting."""
+    if isinstance(handle, SparseHandle):
+        return _plain_poll(handle.indices) and _plain_poll(handle.values)
+    return _plain_poll(handle)
+
+
 # The generated op set, with the differentiable forms above in place of the plain ones.
 OPS: dict[str, Any] = dict(
-    _OPS, allreduce=allreduce, allgather=allgather, broadcast=broadcast, alltoall=alltoall,
+    _OPS, synchronize=synchronize, poll=poll, sparse_allreduce_async=sparse_allreduce_async, allreduce=allreduce, allgather=allgather, broadcast=broadcast, alltoall=alltoall,
     reducescatter=reducescatter, grouped_allreduce=grouped_allreduce,
     grouped_allgather=grouped_allgather, grouped_reducescatter=grouped_reducescatter)

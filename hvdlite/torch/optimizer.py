@@ -24,7 +24,7 @@ from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
-from hvdlite.torch.ops import OPS
+from hvdlite.torch.ops import OPS, sparse_allreduce_async
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -43,6 +43,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UsageError("this optimizer is already a DistributedOptimizer")
         self.__dict__["_optimizer"] = optimizer
         self._sparse_as_dense = sparse_as_dense
+        self._op, self._process_set = op, process_set
+        # Sparse gradients reduced by allgather, outside the reducer's dense path.
+        self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._by_key = {id(p): p for p in self._params}
         self._reducer = GradientReducer(
@@ -89,6 +92,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient reduction --------------------------------------------------------------------
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if id(param) in self._sparse_pending:   # the reducer's own check sees dense ones
+            raise HvdliteError(
+                f"rank {_hvd.rank()}: the gradient of '{self._reducer.names[id(param)]}' "
+                "was computed again before step(); call step() (or synchronize()) after "
+                "each backward(), or raise backward_passes_per_step")
         for key in self._reducer.ready(id(param)):
             self._submit(self._by_key[key])
 
@@ -97,9 +105,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             param.grad = torch.zeros_like(param)
         elif param.grad.is_sparse:
             if not self._sparse_as_dense:
-                raise HvdliteError(
-                    f"'{self._reducer.names[id(param)]}' has a sparse gradient; pass "
-                    "sparse_as_dense=True to DistributedOptimizer to reduce it densely.")
+                # Allgather indices and values (no compression: they are exact rows).
+                handle = sparse_allreduce_async(
+                    param.grad, f"sparse_allreduce.{self._reducer.names[id(param)]}",
+                    self._op, self._process_set)
+                self._sparse_pending[id(param)] = (param, handle)
+                return
             param.grad = param.grad.to_dense()
         self._reducer.submit(id(param), param.grad)
 
@@ -108,9 +119,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         this rank take part with zeros, so ranks on other code paths still finish."""
         if not self._synchronized:
             for param in self._params:
-                if id(param) not in self._reducer.pending:
+                if id(param) not in self._reducer.pending and \
+                        id(param) not in self._sparse_pending:
                     self._submit(param)
         self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
+        for param, handle in self._sparse_pending.values():
+            param.grad = OPS["synchronize"](handle)
+        self._sparse_pending.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -126,7 +141,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         if self._should_synchronize and self._synchronized:
             self._warn_step_after_synchronize()
-        if self._should_synchronize and not (self._synchronized and not self._reducer.pending):
+        waiting = self._reducer.pending or self._sparse_pending
+        if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
         return self._optimizer.step(closure)
@@ -144,10 +160,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             UserWarning, stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._reducer.pending:
+        if self._reducer.pending or self._sparse_pending:
             raise HvdliteError(
                 f"rank {_hvd.rank()}: optimizer.zero_grad() was called while "
-                f"{len(self._reducer.pending)} gradients are still being averaged across ranks "
+                f"{len(self._reducer.pending) + len(self._sparse_pending)} gradients are still being averaged across ranks "
                 "(after backward(), before step()/synchronize()). Call zero_grad() before "
                 "backward() or after step().")
         self._optimizer.zero_grad(set_to_none=set_to_none)

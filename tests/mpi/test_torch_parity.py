@@ -178,3 +178,46 @@ def test_object_collectives_take_process_set() -> None:
             assert value == ("from", members[root])
     finally:
         hvd.remove_process_set(subset)
+
+
+def _lookups(rank: int) -> "torch.Tensor":
+    """Embedding rows each rank reads: overlapping across ranks, with repeats."""
+    return torch.tensor([rank % 5, (rank + 2) % 5, rank % 5, 7], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_sparse_allreduce_async_gathers_indices_and_values(op: str) -> None:
+    size, rank = hvd.size(), hvd.rank()
+    dense = [torch.zeros(8, 3, dtype=torch.float64) for _ in range(size)]
+    for r in range(size):
+        dense[r].index_add_(0, _lookups(r), _data(r, (4, 3), salt=70))
+    handle = hvd.sparse_allreduce_async(dense[rank].to_sparse(1), name=f"parity.sparse.{op}",
+                                        op=getattr(hvd, op))
+    reduced = hvd.synchronize(handle)
+    assert reduced.is_sparse and reduced.is_coalesced()
+    expected = sum(dense) / (size if op == "Average" else 1)
+    assert torch.allclose(reduced.to_dense(), expected)
+
+
+def test_optimizer_reduces_sparse_embedding_gradients_by_allgather() -> None:
+    size, rank = hvd.size(), hvd.rank()
+
+    def model() -> "torch.nn.Module":
+        torch.manual_seed(3)
+        return torch.nn.Embedding(8, 3, sparse=True).double()
+    mine, reference = model(), model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(mine.parameters(), lr=0.5),
+                                         named_parameters=mine.named_parameters())
+    for _ in range(2):
+        optimizer.zero_grad()
+        (mine(_lookups(rank)) * _data(rank, (4, 3), salt=71)).sum().backward()
+        optimizer.step()
+        # Reference: the rank-averaged gradient, computed here from every rank's batch.
+        reference.zero_grad()
+        loss = sum((reference(_lookups(r)) * _data(r, (4, 3), salt=71)).sum()
+                   for r in range(size)) / size
+        loss.backward()
+        with torch.no_grad():
+            reference.weight -= 0.5 * reference.weight.grad.to_dense()
+        assert mine.weight.grad.is_sparse
+        assert torch.allclose(mine.weight, reference.weight)
