@@ -375,6 +375,7 @@ def poll(handle: Any) -> bool:
 
 # The generated op set, with the differentiable forms above in place of the plain ones.
 OPS: dict[str, Any] = dict(
-    _OPS, synchronize=synchronize, poll=poll, sparse_allreduce_async=sparse_allreduce_async, allreduce=allreduce, allgather=allgather, broadcast=broadcast, alltoall=alltoall,
+    _OPS, synchronize=synchronize, poll=poll, sparse_allreduce_async=sparse_allreduce_async,
+    allreduce=allreduce, allgather=allgather, broadcast=broadcast, alltoall=alltoall,
     reducescatter=reducescatter, grouped_allreduce=grouped_allreduce,
     grouped_allgather=grouped_allgather, grouped_reducescatter=grouped_reducescatter)

@@ -160,10 +160,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             UserWarning, stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._reducer.pending or self._sparse_pending:
+        pending = len(self._reducer.pending) + len(self._sparse_pending)
+        if pending:
             raise HvdliteError(
-                f"rank {_hvd.rank()}: optimizer.zero_grad() was called while "
-                f"{len(self._reducer.pending) + len(self._sparse_pending)} gradients are still being averaged across ranks "
+                f"rank {_hvd.rank()}: optimizer.zero_grad() was called while {pending} "
+                "gradients are still being averaged across ranks "
                 "(after backward(), before step()/synchronize()). Call zero_grad() before "
                 "backward() or after step().")
         self._optimizer.zero_grad(set_to_none=set_to_none)
