@@ -17,4 +17,4 @@ globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
     "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
-    "broadcast_optimizer_state"]
+    "broadcast_optimizer_state", "sparse_allreduce_async"]

@@ -14,6 +14,7 @@ state survives wrapping and ``state_dict()`` round-trips unchanged.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -23,7 +24,7 @@ from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
-from hvdlite.torch.ops import OPS
+from hvdlite.torch.ops import OPS, sparse_allreduce_async
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -42,6 +43,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UsageError("this optimizer is already a DistributedOptimizer")
         self.__dict__["_optimizer"] = optimizer
         self._sparse_as_dense = sparse_as_dense
+        self._op, self._process_set = op, process_set
+        # Sparse gradients reduced by allgather, outside the reducer's dense path.
+        self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._by_key = {id(p): p for p in self._params}
         self._reducer = GradientReducer(
@@ -50,6 +54,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             plan_groups([id(p) for p in self._params], groups, key_of=id))
         self._synchronized = False
         self._should_synchronize = True
+        self._warned_double_sync = False
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                               for p in self._params]
 
@@ -87,6 +92,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient reduction --------------------------------------------------------------------
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if id(param) in self._sparse_pending:   # the reducer's own check sees dense ones
+            raise HvdliteError(
+                f"rank {_hvd.rank()}: the gradient of '{self._reducer.names[id(param)]}' "
+                "was computed again before step(); call step() (or synchronize()) after "
+                "each backward(), or raise backward_passes_per_step")
         for key in self._reducer.ready(id(param)):
             self._submit(self._by_key[key])
 
@@ -95,9 +105,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             param.grad = torch.zeros_like(param)
         elif param.grad.is_sparse:
             if not self._sparse_as_dense:
-                raise HvdliteError(
-                    f"'{self._reducer.names[id(param)]}' has a sparse gradient; pass "
-                    "sparse_as_dense=True to DistributedOptimizer to reduce it densely.")
+                # Allgather indices and values (no compression: they are exact rows).
+                handle = sparse_allreduce_async(
+                    param.grad, f"sparse_allreduce.{self._reducer.names[id(param)]}",
+                    self._op, self._process_set)
+                self._sparse_pending[id(param)] = (param, handle)
+                return
             param.grad = param.grad.to_dense()
         self._reducer.submit(id(param), param.grad)
 
@@ -106,9 +119,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         this rank take part with zeros, so ranks on other code paths still finish."""
         if not self._synchronized:
             for param in self._params:
-                if id(param) not in self._reducer.pending:
+                if id(param) not in self._reducer.pending and \
+                        id(param) not in self._sparse_pending:
                     self._submit(param)
         self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
+        for param, handle in self._sparse_pending.values():
+            param.grad = OPS["synchronize"](handle)
+        self._sparse_pending.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -122,16 +139,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = previous
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
-        if self._should_synchronize and not (self._synchronized and not self._reducer.pending):
+        if self._should_synchronize and self._synchronized:
+            self._warn_step_after_synchronize()
+        waiting = self._reducer.pending or self._sparse_pending
+        if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
         return self._optimizer.step(closure)
 
+    def _warn_step_after_synchronize(self) -> None:
+        # Horovod warns here too: the gradients are already reduced (we never
+        # reduce them twice), but the script means skip_synchronize().
+        if self._warned_double_sync:
+            return
+        self._warned_double_sync = True
+        warnings.warn(
+            "optimizer.step() was called right after optimizer.synchronize(); the "
+            "gradients are already averaged and are not reduced again. Wrap step() in "
+            "`with optimizer.skip_synchronize():` to say so and silence this warning.",
+            UserWarning, stacklevel=3)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._reducer.pending:
+        pending = len(self._reducer.pending) + len(self._sparse_pending)
+        if pending:
             raise HvdliteError(
-                f"rank {_hvd.rank()}: optimizer.zero_grad() was called while "
-                f"{len(self._reducer.pending)} gradients are still being averaged across ranks "
+                f"rank {_hvd.rank()}: optimizer.zero_grad() was called while {pending} "
+                "gradients are still being averaged across ranks "
                 "(after backward(), before step()/synchronize()). Call zero_grad() before "
                 "backward() or after step().")
         self._optimizer.zero_grad(set_to_none=set_to_none)
