@@ -92,6 +92,7 @@ class Engine:
         self._sleeping = False
         self._idle_rounds = 0
         self._in_flight: dict[int, set[str]] = {}
+        self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
         self._dead: Optional[HvdliteError] = None
         self._shutdown_requested = False
         self._stall_messages: dict[int, str] = {}
@@ -116,9 +117,10 @@ class Engine:
         """Queue a request and return its handle; raises before queueing on misuse.
 
         ``finish`` turns the result into what ``synchronize`` returns (a binding's
-        tensor). An error marker (``request.desc.error``) gets no handle: it only
-        tells the other ranks, through negotiation, that this rank's call failed.
+        tensor). An error marker (``request.desc.error``) only tells the other ranks,
+        through negotiation, that this rank's call failed; nobody returns its handle.
         """
+        self._await_marker(request.process_set_id, request.desc.name)
         with self._submit_lock:
             self.raise_if_dead()
             names = self._in_flight.setdefault(request.process_set_id, set())
@@ -128,12 +130,24 @@ class Engine:
                     "is already in flight; synchronize it before reusing the name, or "
                     "give each concurrent tensor its own name.")
             names.add(request.desc.name)
-            if not request.desc.error:
-                request.handle = self.handles.create(finish)
+            request.handle = self.handles.create(finish)
+            if request.desc.error:
+                self._markers[(request.process_set_id, request.desc.name)] = request.handle
             self._queue.append(request)
         if self._sleeping:
             self._wake.set()
         return request.handle
+
+    def _await_marker(self, set_id: int, name: str) -> None:
+        """A name this rank just failed locally stays in flight until its error marker
+        is resolved (every member rank reached it). Reusing the name, e.g. to retry
+        with corrected arguments, waits for that rather than failing as a duplicate."""
+        handle = self._markers.pop((set_id, name), None)
+        if handle is not None:
+            try:
+                self.handles.wait(handle)
+            except HvdliteError:
+                pass        # the marker's own verdict: this rank already raised its error
 
     @property
     def dead(self) -> Optional[HvdliteError]:
