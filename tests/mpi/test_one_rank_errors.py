@@ -91,7 +91,7 @@ BROADCASTS: dict[str, Callable[[Optional[str]], Any]] = {
 }
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(20)
 @pytest.mark.parametrize("naming", NAMING)
 @pytest.mark.parametrize("call", sorted(BROADCASTS))
 def test_invalid_root_rank_on_one_rank_is_an_error_everywhere(call: str, naming: str) -> None:
@@ -119,7 +119,7 @@ ALLTOALLS: dict[str, Callable[[Optional[str]], Any]] = {
 }
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(20)
 @pytest.mark.parametrize("naming", NAMING)
 @pytest.mark.parametrize("call", sorted(ALLTOALLS))
 def test_bad_alltoall_splits_on_one_rank_is_an_error_everywhere(call: str, naming: str) -> None:
@@ -142,7 +142,7 @@ UNEVEN: dict[str, Callable[[Optional[str]], Any]] = {
 }
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(20)
 @pytest.mark.parametrize("naming", NAMING)
 @pytest.mark.parametrize("lib", sorted(UNEVEN))
 def test_alltoall_indivisible_on_one_rank_is_an_error_everywhere(lib: str, naming: str) -> None:
