@@ -59,11 +59,12 @@ def _numpy_owner(rank: int, salt: int) -> np.ndarray:
     return rank_data(rank, OWNER_SHAPE, np.float64, salt=salt)
 
 
-def _torch_owner(rank: int, salt: int, view: str) -> "torch.Tensor":
+def _torch_owner(rank: int, salt: int, view: str,
+                 dtype: "torch.dtype" = torch.float64) -> "torch.Tensor":
     if view == "channels_last":
         data = torch.from_numpy(rank_data(rank, CHANNELS_LAST_SHAPE, np.float64, salt=salt))
-        return data.to(memory_format=torch.channels_last)
-    return torch.from_numpy(_numpy_owner(rank, salt)).clone()
+        return data.to(dtype=dtype, memory_format=torch.channels_last)
+    return torch.from_numpy(_numpy_owner(rank, salt)).to(dtype)
 
 
 def _expected_view(op: str, make_view: Callable[[int], Any]) -> Any:
@@ -142,6 +143,23 @@ def test_torch_inplace_op_writes_into_strided_view(op: str, view: str) -> None:
         untouched = _torch_owner(hvd.rank(), salt, view)
         make(untouched).copy_(expected)
         assert torch.equal(owner, untouched), "elements outside the view changed"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("view", ["transposed", "channels_last"])
+@pytest.mark.parametrize("op", ["broadcast_", "allreduce_"])
+def test_torch_inplace_op_writes_into_strided_view_of_other_dtypes(op: str, view: str,
+                                                                     dtype: str) -> None:
+    make, torch_dtype = TORCH_VIEWS[view], getattr(torch, dtype)
+    owner = _torch_owner(hvd.rank(), 0, view, torch_dtype)
+    target = make(owner)
+    assert not target.is_contiguous()
+    _run_op(hvdt, op, [target], name=f"strides.torch.{op}.{view}.{dtype}")
+    _next_op_works(f"torch.{op}.{view}.{dtype}")
+    expected = _expected_view(op, lambda r: make(_torch_owner(r, 0, view, torch_dtype)))
+    assert target.dtype == torch_dtype
+    assert torch.equal(target, expected), f"caller's view not written:\n{target}\n{expected}"
 
 
 @pytest.mark.timeout(30)
