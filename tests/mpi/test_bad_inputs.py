@@ -32,7 +32,7 @@ def _collectives_work(tag: str) -> None:
     assert torch.equal(total, torch.full((2,), float(sum(range(size)))))
     total = hvdt.allreduce(torch.ones(2), op=hvd.Sum)
     assert torch.equal(total, torch.full((2,), float(size)))
-    received, counts = hvdt.alltoall(torch.arange(size) + 100 * rank)
+    received, counts = hvdt.alltoall(torch.arange(size) + 100 * rank, splits=[1] * size)
     assert torch.equal(received, torch.tensor([100 * r + rank for r in range(size)]))
     assert counts.tolist() == [1] * size
 

@@ -71,7 +71,7 @@ def _broadcast_works(naming: str, tag: str) -> None:
 def _alltoall_works(naming: str, tag: str) -> None:
     size, rank = hvd.size(), hvd.rank()
     received, counts = hvd.alltoall(np.arange(size, dtype=np.int64) + 100 * rank,
-                                    name=_name(naming, f"{tag}.alltoall.after"))
+                                    splits=[1] * size, name=_name(naming, f"{tag}.alltoall.after"))
     np.testing.assert_array_equal(received, np.array([100 * r + rank for r in range(size)]))
     np.testing.assert_array_equal(counts, np.ones(size))
 
