@@ -29,8 +29,12 @@ test-unit: install
 test-slurm: install
 	$(PY) -m pytest -q tests/slurm
 
+# Overlapping process sets ([0,1] and [1,2]) need three ranks: those files also run at -n 3.
+OVERLAP_TESTS := tests/mpi/test_unnamed_ops.py tests/mpi/test_process_set_registry.py
+
 test-mpi: install
 	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
+	$(RUN_LIMIT) $(MPIEXEC) -n 3 $(MPI_PYTEST) $(OVERLAP_TESTS)
 	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
 
 test: test-unit test-slurm test-mpi
