@@ -40,6 +40,16 @@ class TensorAdapter:
         """A copy of ``tensor`` in ``dtype`` ("float16", "bfloat16", or its own dtype's name)."""
         raise NotImplementedError
 
+    def ready_event(self, tensor: Any) -> Any:
+        """For a GPU tensor: an event recorded now on the framework's current stream,
+        which the engine's stream waits on before reading the tensor (see
+        hvdlite.core.devices). None for host tensors."""
+        return None
+
+    def wait_fence(self, fence: Any) -> None:
+        """Make the framework's current stream wait on a result's fence (an event
+        the engine recorded after writing it), so no host synchronisation is needed."""
+
     def dtype_name(self, tensor: Any) -> str:
         raise NotImplementedError
 

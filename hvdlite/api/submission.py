@@ -22,7 +22,7 @@ import numpy as np
 from hvdlite.api import runtime
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet, global_process_set
-from hvdlite.core.devices import array_namespace
+from hvdlite.core.devices import Fenced, array_namespace
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
 from hvdlite.errors import HvdliteTypeError, UsageError
 
@@ -93,16 +93,32 @@ class Call:
         self.name = name
 
     def submit(self, array: Any, output: Any = None, writeback: Any = None,
-               finish: Optional[Callable[[Any], Any]] = None, **fields: Any) -> int:
+               finish: Optional[Callable[[Any], Any]] = None, ready: Any = None,
+               adapter: Any = None, **fields: Any) -> int:
+        """Queue the request. ``ready`` (GPU tensors) orders the engine after the
+        framework's stream; results then come back fenced, and ``adapter`` makes
+        the caller's stream wait on the fence before ``finish`` hands them over."""
         desc = Descriptor(self.name, self.kind, thread=self.thread, **fields)
         request = Request(desc, self.set_id, array, output)
         request.writeback = writeback
+        request.ready = ready
+        if adapter is not None and desc.device != "cpu":
+            finish = _unfenced(adapter, finish)
         return runtime.engine(f"hvdlite.{self.kind.value}()").submit(request, finish)
 
     def mark(self, error: BaseException) -> None:
         """Tell every rank, through negotiation, that this rank's call failed."""
         desc = Descriptor(self.name, self.kind, thread=self.thread, error=str(error))
         runtime.engine().submit(Request(desc, self.set_id))
+
+
+def _unfenced(adapter: Any, finish: Optional[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    def wait_then_finish(result: Any) -> Any:
+        if isinstance(result, Fenced):
+            adapter.wait_fence(result.fence)
+            result = result.value
+        return result if finish is None else finish(result)
+    return wait_then_finish
 
 
 def guarded(call: Call, build: Callable[[], int]) -> int:
@@ -145,7 +161,7 @@ def dtype_class(dtype: np.dtype) -> str:
 
 class Input:
     """A tensor's array (contiguous, for sending) and the fields that describe it."""
-    __slots__ = ("array", "view", "device")
+    __slots__ = ("array", "view", "device", "adapter", "ready")
 
     def __init__(self, adapter: TensorAdapter, tensor: Any, what: str) -> None:
         view = adapter.to_array(adapter.require(tensor, what))
@@ -155,11 +171,15 @@ class Input:
                 "(integers, float16/bfloat16/32/64, complex) and bool")
         self.view = view                      # the caller's memory, strides and all
         self.device = adapter.device(tensor)
+        self.adapter = adapter
+        self.ready = adapter.ready_event(tensor) if self.device != "cpu" else None
         self.array = view if view.flags.c_contiguous else _contiguous(view, self.device)
 
     def fields(self, array: Any = None) -> dict[str, Any]:
+        """The descriptor fields, plus what submit needs for a GPU tensor's streams."""
         array = self.array if array is None else array
-        return {"dtype": dtype_name(array.dtype), "shape": array.shape, "device": self.device}
+        return {"dtype": dtype_name(array.dtype), "shape": tuple(array.shape),
+                "device": self.device, "ready": self.ready, "adapter": self.adapter}
 
 
 def _contiguous(view: Any, device: str) -> Any:
@@ -169,7 +189,7 @@ def _contiguous(view: Any, device: str) -> Any:
 def inplace_output(source: Input, what: str) -> tuple[Any, Any]:
     """(output the engine writes, target to copy it back into, or None)."""
     view = source.view
-    if not view.flags.writeable:
+    if not getattr(view.flags, "writeable", True):   # CuPy arrays have no such flag
         raise HvdliteTypeError(f"{what} writes its result into the tensor, which is read-only")
     if any(stride == 0 and extent > 1 for stride, extent in zip(view.strides, view.shape)):
         raise UsageError(f"{what} cannot write into a tensor whose elements share memory "

@@ -2,20 +2,49 @@
 that NumPy and CuPy share (``xp.concatenate(..., out=)``, ``xp.multiply``...),
 and asks here which namespace serves a device.
 
-The core never imports a GPU library: a GPU backend registers its namespace
-(CuPy for "cuda") and its backend factory when it is loaded, and the CPU
-path is NumPy.
+The core never imports a GPU library. A device type other than "cpu" is
+served by a plugin module among the backends (``hvdlite.backends.gpu`` for
+"cuda"), loaded the first time a request names such a device; it registers
+its array namespace, its stream hooks and its backends here.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import importlib
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 BackendFactory = Callable[[Any], Any]   # Config -> Backend
 
-_NAMESPACES: dict[str, Any] = {"cpu": np}
+# Modules that serve a device type when first needed (they call register_device).
+_PLUGINS = {"cuda": "hvdlite.backends.gpu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceType:
+    """How the executor works on one kind of device.
+
+    ``prepare(device, ready)`` runs on the engine thread before a request's
+    buffers are touched: it makes the device current and orders the engine's
+    stream after each ``ready`` event (recorded on the framework's stream when
+    the request was submitted). ``fence(device)`` runs after a result is
+    written and returns what the consumer's stream must wait on (None: nothing).
+    """
+    namespace: Any
+    prepare: Callable[[str, Sequence[Any]], None] = lambda device, ready: None
+    fence: Callable[[str], Any] = lambda device: None
+
+
+_TYPES: dict[str, DeviceType] = {"cpu": DeviceType(np)}
 _EXTRA_BACKENDS: list[BackendFactory] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Fenced:
+    """A device result with the event its consumer must wait on before use."""
+    value: Any
+    fence: Any
 
 
 def device_type(device: str) -> str:
@@ -23,25 +52,45 @@ def device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
-def array_namespace(device: str) -> Any:
-    try:
-        return _NAMESPACES[device_type(device)]
-    except KeyError:
+def load(kind: str) -> bool:
+    """Load the plugin serving ``kind``; False if there is none."""
+    if kind in _TYPES:
+        return True
+    module = _PLUGINS.get(kind)
+    if module is None:
+        return False
+    importlib.import_module(module)
+    return kind in _TYPES
+
+
+def described(device: str) -> DeviceType:
+    kind = device_type(device)
+    if kind not in _TYPES and not load(kind):
         raise LookupError(f"no array namespace is registered for device {device!r}; "
-                          f"known: {sorted(_NAMESPACES)}") from None
+                          f"known: {sorted(_TYPES)}")
+    return _TYPES[kind]
 
 
-def register_device(kind: str, namespace: Any) -> None:
-    """Make ``namespace`` (a NumPy-compatible module) serve devices of ``kind``."""
-    _NAMESPACES[kind] = namespace
+def array_namespace(device: str) -> Any:
+    return described(device).namespace
+
+
+def register_device(kind: str, description: DeviceType) -> None:
+    """Make ``description`` (a NumPy-compatible namespace and stream hooks) serve
+    devices of ``kind``."""
+    _TYPES[kind] = description
 
 
 def register_backend(factory: BackendFactory) -> None:
-    """Put a backend ahead of the host backends in every engine's chain created
-    from now on (``factory(config)`` builds it)."""
+    """Put a backend ahead of the host backends in every backend chain (built now
+    or refreshed later): ``factory(config)`` builds it."""
     if factory not in _EXTRA_BACKENDS:
         _EXTRA_BACKENDS.append(factory)
 
 
-def extra_backends(config: Any) -> list[Any]:
-    return [factory(config) for factory in _EXTRA_BACKENDS]
+def backend_factories() -> list[BackendFactory]:
+    return list(_EXTRA_BACKENDS)
+
+
+def ready_events(requests: Sequence[Optional[Any]]) -> list[Any]:
+    return [r.ready for r in requests if r is not None and r.ready is not None]

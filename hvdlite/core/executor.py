@@ -16,49 +16,13 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 import numpy as np
 
 from hvdlite.backends.base import DONE, Work, even_counts
-from hvdlite.backends.mpi import MpiBackend
-from hvdlite.backends.ring import RingBackend
 from hvdlite.core import fusion
-from hvdlite.core.devices import array_namespace, extra_backends
+from hvdlite.core.chain import BackendChain
+from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 
 Complete = Callable[[Request, Any], None]
 _PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
-
-
-class BackendChain:
-    """Backends in order of preference; the first that supports a request runs it.
-    GPU backends registered in hvdlite.core.devices come first, MPI ends the chain."""
-
-    def __init__(self, config: Any) -> None:
-        self._mpi = MpiBackend()
-        self._ring = RingBackend(config.ring_chunk)
-        self._extra = extra_backends(config)
-        self.backends: list[Any] = []
-        self.configure(config)
-
-    def configure(self, config: Any) -> None:
-        self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
-        host = [self._mpi] if config.allreduce == "mpi" else [self._ring, self._mpi]
-        self.backends = self._extra + host
-        self._picked: dict[tuple, Any] = {}
-
-    def every_backend(self) -> list[Any]:
-        return self._extra + [self._ring, self._mpi]
-
-    def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> Any:
-        for backend in self.backends:
-            if backend.supports(kind, dtype, device, nbytes):
-                return backend
-        raise LookupError(f"no backend supports {kind} of {dtype} on {device}; the chain "
-                          f"is {[b.name for b in self.backends]}")
-
-    def reduction_dtype(self, dtype: np.dtype, device: str) -> np.dtype:
-        key = (dtype, device)
-        wide = self._picked.get(key)
-        if wide is None:
-            wide = self._picked[key] = self.pick("allreduce", dtype, device, 0).reduction_dtype(dtype)
-        return wide
 
 
 class Executor:
@@ -81,13 +45,11 @@ class Executor:
 
     def open_set(self, set_id: int, comm: Any) -> None:
         self._geometry[set_id] = (comm.Get_rank(), comm.Get_size())
-        for backend in self.chain.every_backend():
-            backend.open_set(set_id, comm)
+        self.chain.open_set(set_id, comm)
 
     def close_set(self, set_id: int) -> None:
         self._geometry.pop(set_id, None)
-        for backend in self.chain.every_backend():
-            backend.close_set(set_id)
+        self.chain.close_set(set_id)
 
     # -- running and completing ------------------------------------------------------
     def run(self, set_id: int, responses: Sequence[Response], pending: dict[str, Request],
@@ -122,9 +84,14 @@ class Executor:
     def _finish(self, request: Optional[Request], result: Any) -> None:
         if request is None:
             return
+        device = request.desc.device
         if request.writeback is not None:    # an in-place op on a non-contiguous target
-            array_namespace(request.desc.device).copyto(request.writeback, request.output)
+            array_namespace(device).copyto(request.writeback, request.output)
             result = request.writeback
+        if device != "cpu":
+            fence = described(device).fence(device)
+            if fence is not None:           # the consumer's stream waits on this
+                result = Fenced(result, fence)
         self._complete(request, result)
 
     def _plan(self, responses: Sequence[Response],
@@ -161,6 +128,7 @@ class Executor:
         first = group[0]
         device = first.desc.device
         xp = array_namespace(device)
+        described(device).prepare(device, ready_events(requests))
         wide = self.chain.reduction_dtype(first.dtype, device)
         op = ReduceOp(first.desc.op)
         size = self._geometry[set_id][1]
@@ -198,6 +166,8 @@ class Executor:
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
         kind = response.desc.kind
         start = self._span([request], "queue", 0.0)
+        if request is not None and request.desc.device != "cpu":
+            described(request.desc.device).prepare(request.desc.device, ready_events([request]))
         work, result = self._collective(set_id, response, request)
 
         def finish() -> None:

@@ -45,6 +45,8 @@ def _field(desc: Descriptor, field: str) -> object:
         return ReduceOp(value).name
     if field == "kind":
         return value.value
+    if field == "device":      # "cuda:0" on one rank and "cuda:1" on another is one GPU each
+        return value.split(":", 1)[0]
     return value
 
 

@@ -74,8 +74,8 @@ class Descriptor(NamedTuple):
 
 class Request:
     """One rank's submission: the descriptor plus the buffers and bookkeeping."""
-    __slots__ = ("desc", "process_set_id", "array", "output", "writeback", "submitted_at",
-                 "agreed_at", "stall_reported", "handle", "bit", "bit_version")
+    __slots__ = ("desc", "process_set_id", "array", "output", "writeback", "ready",
+                 "submitted_at", "agreed_at", "stall_reported", "handle", "bit", "bit_version")
 
     def __init__(self, desc: Descriptor, process_set_id: int,
                  array: Optional[np.ndarray] = None, output: Optional[np.ndarray] = None) -> None:
@@ -86,6 +86,9 @@ class Request:
         # In-place ops on a non-contiguous target: results land in the contiguous
         # ``output`` first and are copied here on completion, whatever the strides.
         self.writeback: Any = None
+        # GPU tensors: an event recorded on the framework's stream at submission; the
+        # engine's stream waits on it before reading the tensor (None on the CPU).
+        self.ready: Any = None
         self.submitted_at = time.monotonic()
         self.agreed_at = 0.0
         self.stall_reported = False

@@ -1,0 +1,80 @@
+"""The chain of backends: the first that supports a request runs it.
+
+GPU backends (registered by a device plugin in ``hvdlite.core.devices``)
+come first, the host backends after them, and MPI ends every chain
+(Horovod's operation manager; torch c10d's one ProcessGroup per backend).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hvdlite.backends.mpi import MpiBackend
+from hvdlite.backends.ring import RingBackend
+from hvdlite.core import devices
+
+
+class BackendChain:
+    """Backends in order of preference, rebuilt by ``configure`` (HVDLITE_ALLREDUCE)."""
+
+    def __init__(self, config: Any) -> None:
+        self._mpi = MpiBackend()
+        self._ring = RingBackend(config.ring_chunk)
+        self._factories: list[Any] = []
+        self._extra: list[Any] = []
+        self._comms: dict[int, Any] = {}       # open sets, for backends that arrive later
+        self.backends: list[Any] = []
+        self.configure(config)
+
+    def configure(self, config: Any) -> None:
+        self._config = config
+        for backend in self._extra:
+            if hasattr(backend, "configure"):
+                backend.configure(config)
+        self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+        host = [self._mpi] if config.allreduce == "mpi" else [self._ring, self._mpi]
+        self.backends = self._extra + host
+        self._picked: dict[tuple, Any] = {}
+
+    def every_backend(self) -> list[Any]:
+        return self._extra + [self._ring, self._mpi]
+
+    def open_set(self, set_id: int, comm: Any) -> None:
+        self._comms[set_id] = comm
+        for backend in self.every_backend():
+            backend.open_set(set_id, comm)
+
+    def close_set(self, set_id: int) -> None:
+        self._comms.pop(set_id, None)
+        for backend in self.every_backend():
+            backend.close_set(set_id)
+
+    def _refresh(self) -> None:
+        """Backends registered since (a device plugin loaded at its first request)
+        join the front of the chain and serve every open set."""
+        for factory in devices.backend_factories():
+            if factory not in self._factories:
+                self._factories.append(factory)
+                backend = factory(self._config)
+                self._extra.append(backend)
+                for set_id, comm in self._comms.items():
+                    backend.open_set(set_id, comm)
+        self.configure(self._config)
+
+    def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> Any:
+        for attempt in range(2):
+            for backend in self.backends:
+                if backend.supports(kind, dtype, device, nbytes):
+                    return backend
+            if attempt == 0 and devices.load(devices.device_type(device)):
+                self._refresh()
+        raise LookupError(f"no backend supports {kind} of {dtype} on {device}; the chain "
+                          f"is {[b.name for b in self.backends]}")
+
+    def reduction_dtype(self, dtype: np.dtype, device: str) -> np.dtype:
+        key = (dtype, device)
+        wide = self._picked.get(key)
+        if wide is None:
+            wide = self._picked[key] = self.pick("allreduce", dtype, device, 0).reduction_dtype(dtype)
+        return wide
