@@ -112,6 +112,12 @@ class Config:
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "
         "point-to-point with persistent buffers) or 'auto' (mpi below "
         "HVDLITE_RING_THRESHOLD bytes, ring from there on).")
+    gpu_allreduce: str = _knob(
+        "nccl", _choice("nccl", "mpi"),
+        "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
+        "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
+        "staging) or 'mpi' (copies through pinned host memory and the "
+        "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

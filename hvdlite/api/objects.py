@@ -87,9 +87,22 @@ def ccl_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """False: the NCCL path (CuPy) is not part of this build yet."""
-    return False
+    """True where CuPy and its NCCL binding load (GPU tensors then use NCCL)."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        from cupy.cuda import nccl
+        return nccl.get_version() > 0
+    except Exception:       # no NCCL library, or no CUDA driver on this machine
+        return False
 
 
 def cuda_built() -> bool:
-    return importlib.util.find_spec("cupy") is not None and nccl_built()
+    """True where CuPy can reach a GPU (GPU tensors are then supported)."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:       # CuPy without a driver or a GPU
+        return False

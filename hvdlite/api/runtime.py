@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -147,7 +148,20 @@ def local_device() -> int:
     from hvdlite.core.topology import device_for_local_rank
     topo = topology("hvdlite.local_device()")
     return device_for_local_rank(topo.local_rank, topo.local_size,
-                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"), _gpus_present())
+
+
+def _gpus_present() -> Optional[int]:
+    """GPUs the driver reports, asked of a library already loaded or installed
+    (torch if imported, else CuPy); None when neither can tell."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return int(torch.cuda.device_count())
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:       # no CuPy, or no driver: fall back to one GPU per local rank
+        return None
 
 
 def mpi_threads_supported() -> bool:

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import sys
 
+from typing import Sequence
+
 from hvdlite.bench import allreduce, training
 
+
+def _gpu(argv: Sequence[str]) -> None:
+    from hvdlite.bench import gpu    # imports torch.distributed and CuPy: only when asked
+    gpu.main(argv)
+
+
 COMMANDS = {"allreduce": allreduce.main, "training": training.main,
-            "training-worker": training.worker}
+            "training-worker": training.worker, "gpu": _gpu}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -201,7 +201,8 @@ class Engine:
     def _iteration(self) -> bool:
         self._wait_for_work()
         self._drain_queue()
-        self.executor.progress()
+        if self.executor.progress():
+            self.handles.notify()      # handles completed by asynchronous backend work
         members = list(self.registry.members())
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
@@ -222,7 +223,7 @@ class Engine:
         # with this either is seen by the check or sets the event after the clear.
         self._sleeping = True
         self._wake.clear()
-        busy = self._queue or self._shutdown_requested or self.executor.progress() or any(
+        busy = self._queue or self._shutdown_requested or self.executor.busy or any(
             s.pending for s in self.registry.members())
         if busy:
             self._idle_rounds = 0

@@ -69,10 +69,17 @@ class Executor:
         else:
             self._in_flight.append((work, finish))
 
-    def progress(self) -> bool:
-        """Finish the work that is done; True if some is still in flight."""
+    def progress(self) -> int:
+        """Finish the work that is done (in order); the number finished."""
+        finished = 0
         while self._in_flight and self._in_flight[0][0].done():
             self._in_flight.popleft()[1]()
+            finished += 1
+        return finished
+
+    @property
+    def busy(self) -> bool:
+        """Work a backend is still doing (a GPU stream): the engine keeps polling."""
         return bool(self._in_flight)
 
     def drain(self) -> None:
@@ -255,9 +262,16 @@ def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,
     return output.reshape(-1) if output is not None and output.flags.c_contiguous else None
 
 
+def _address(array: Any) -> int:
+    """Where an array's data starts (NumPy or CuPy). Compared instead of calling
+    ``shares_memory``, which CuPy answers with a kernel over every element."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]
+
+
 def _pack_one(xp: Any, request: Request, buf: Any, prescale: float) -> None:
     source = request.array.reshape(-1)
-    if not xp.shares_memory(source, buf):
+    if source is not buf and _address(source) != _address(buf):   # not reduced in place
         buf[...] = source
     _scale(xp, buf, prescale)
 

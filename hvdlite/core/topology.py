@@ -85,16 +85,20 @@ def detect(comm: MPI.Comm, environ: Optional[Mapping[str, str]] = None) -> Topol
 
 
 def device_for_local_rank(local_rank: int, local_size: int,
-                          visible: Optional[str]) -> int:
+                          visible: Optional[str], present: Optional[int] = None) -> int:
     """The GPU index (as the process sees it) for a local rank.
 
     ``visible`` is CUDA_VISIBLE_DEVICES. When the scheduler already gave each rank
     its own GPU (one visible device), that is device 0. Otherwise ranks take the
     visible devices in local-rank order, sharing round-robin if there are fewer
     devices than local ranks. Indices are relative to the visible list, which is
-    how CUDA numbers them.
+    how CUDA numbers them. Without CUDA_VISIBLE_DEVICES, ``present`` (the GPUs the
+    driver reports) is the list.
     """
     if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
         raise ValueError("CUDA_VISIBLE_DEVICES hides every GPU from this rank")
-    count = len([d for d in visible.split(",") if d.strip()]) if visible else local_size
+    if visible:
+        count = len([d for d in visible.split(",") if d.strip()])
+    else:       # no mask: the GPUs the driver reports, else assume one per local rank
+        count = present or local_size
     return 0 if count == 1 else local_rank % count

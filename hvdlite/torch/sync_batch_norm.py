@@ -31,7 +31,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         wide = x.detach().double()
         local = torch.cat([wide.sum(dims), (wide * wide).sum(dims),
-                           torch.full((1,), x.numel() / channels, dtype=torch.float64)])
+                           torch.full((1,), x.numel() / channels, dtype=torch.float64,
+                                      device=x.device)])
         total = _sum_across(local, process_set)
         count = total[-1]
         mean = total[:channels] / count
@@ -87,8 +88,10 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
             self.num_batches_tracked.add_(1)
         momentum = self.momentum if self.momentum is not None else (
             1.0 / float(self.num_batches_tracked))
-        weight = self.weight if self.affine else torch.ones(self.num_features)
-        bias = self.bias if self.affine else torch.zeros(self.num_features)
+        weight = self.weight if self.affine else torch.ones(self.num_features,
+                                                                  device=input.device)
+        bias = self.bias if self.affine else torch.zeros(self.num_features,
+                                                                device=input.device)
         running = self.track_running_stats and self.training
         return _SyncBatchNormFunction.apply(
             input, weight, bias, self.running_mean if running else None,

@@ -69,6 +69,12 @@ def test_device_for_local_rank(local_rank: int, local_size: int, visible: str | 
     assert device_for_local_rank(local_rank, local_size, visible) == expected
 
 
+def test_unmasked_ranks_share_the_gpus_the_driver_reports() -> None:
+    assert device_for_local_rank(1, 2, None, present=1) == 0    # two ranks, one GPU
+    assert device_for_local_rank(3, 4, None, present=2) == 1
+    assert device_for_local_rank(3, 4, None, present=None) == 3  # unknown: one per rank
+
+
 def test_no_visible_gpu_is_an_error() -> None:
     with pytest.raises(ValueError, match="hides every GPU"):
         device_for_local_rank(0, 2, "")

@@ -1,0 +1,154 @@
+"""NCCL collectives on GPU buffers, on the engine's stream of each GPU.
+
+One NCCL communicator per process set, created at the set's first GPU
+collective: set rank 0 makes the unique id and broadcasts it over the set's
+MPI communicator (every member runs the same collective at the same point,
+so this is safe on the engine thread). NCCL refuses a communicator in which
+two ranks share a GPU; such a set is served by the staged backend instead,
+decided from an allgather of (host, GPU) so every member decides alike.
+Half types reduce natively; Average is a sum that the executor divides.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any, Optional, Sequence
+
+import cupy
+import ml_dtypes
+import numpy as np
+
+from hvdlite.backends.base import Buffer, offsets
+from hvdlite.backends.cuda import StreamWork, current_stream
+from hvdlite.backends.staged import StagedBackend
+from hvdlite.reduce_op import ReduceOp
+
+try:
+    from cupy.cuda import nccl
+    NCCL_AVAILABLE = nccl.get_version() > 0
+except Exception:          # CuPy without its NCCL binding: the staged path serves GPUs
+    nccl, NCCL_AVAILABLE = None, False
+
+if NCCL_AVAILABLE:
+    _TYPES = {np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+              np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int8): nccl.NCCL_INT8,
+              np.dtype(np.uint8): nccl.NCCL_UINT8, np.dtype(np.int32): nccl.NCCL_INT32,
+              np.dtype(np.uint32): nccl.NCCL_UINT32, np.dtype(np.int64): nccl.NCCL_INT64,
+              np.dtype(np.uint64): nccl.NCCL_UINT64,
+              np.dtype(ml_dtypes.bfloat16): nccl.NCCL_BFLOAT16}
+    _OPS = {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.AVERAGE: nccl.NCCL_SUM,
+            ReduceOp.MIN: nccl.NCCL_MIN, ReduceOp.MAX: nccl.NCCL_MAX,
+            ReduceOp.PRODUCT: nccl.NCCL_PROD}
+else:
+    _TYPES, _OPS = {}, {}
+
+
+class NcclBackend:
+    name = "nccl"
+
+    def __init__(self, config: Any) -> None:
+        self._mpi: dict[int, Any] = {}
+        self._nccl: dict[int, Optional[Any]] = {}   # None: the set shares a GPU -> staged
+        self._staged = StagedBackend(config)
+        self.configure(config)
+
+    def configure(self, config: Any) -> None:
+        self._enabled = config.gpu_allreduce == "nccl"
+        self._staged.configure(config)
+
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+        return self._enabled and device.startswith("cuda") and np.dtype(dtype) in _TYPES
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        return np.dtype(dtype)
+
+    def open_set(self, set_id: int, comm: Any) -> None:
+        self._mpi[set_id] = comm
+        self._staged.open_set(set_id, comm)
+
+    def close_set(self, set_id: int) -> None:
+        self._mpi.pop(set_id, None)
+        communicator = self._nccl.pop(set_id, None)
+        if communicator is not None:
+            communicator.destroy()
+        self._staged.close_set(set_id)
+
+    def _communicator(self, set_id: int) -> Optional[Any]:
+        if set_id not in self._nccl:
+            comm = self._mpi[set_id]
+            placement = comm.allgather((socket.gethostname(), cupy.cuda.Device().id))
+            if len(set(placement)) < len(placement):
+                self._nccl[set_id] = None
+            else:
+                uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+                uid = comm.bcast(uid, root=0)
+                self._nccl[set_id] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+        return self._nccl[set_id]
+
+    def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Any:
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return self._staged.allreduce(set_id, buf, op)
+        stream = current_stream()
+        communicator.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype],
+                               _OPS[op], stream.ptr)
+        return StreamWork(stream)
+
+    def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return self._staged.broadcast(set_id, buf, root)
+        stream = current_stream()
+        communicator.broadcast(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype], root,
+                               stream.ptr)
+        return StreamWork(stream)
+
+    def allgather(self, set_id: int, send: Buffer, recv: Buffer,
+                  counts: Sequence[int]) -> Any:
+        """Counts may differ per rank: one broadcast per rank, grouped."""
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return self._staged.allgather(set_id, send, recv, counts)
+        stream, me = current_stream(), self._mpi[set_id].Get_rank()
+        kind = _TYPES[recv.dtype]
+        nccl.groupStart()
+        for root, (start, count) in enumerate(zip(offsets(counts), counts)):
+            if count:
+                source = send.data.ptr if root == me else recv.data.ptr + start
+                communicator.broadcast(source, recv.data.ptr + start, count, kind, root,
+                                       stream.ptr)
+        nccl.groupEnd()
+        return StreamWork(stream)
+
+    def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
+                 recv: Buffer, recv_counts: Sequence[int]) -> Any:
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return self._staged.alltoall(set_id, send, send_counts, recv, recv_counts)
+        stream = current_stream()
+        kind = _TYPES[recv.dtype]
+        nccl.groupStart()
+        for peer, (s_off, s_n, r_off, r_n) in enumerate(zip(
+                offsets(send_counts), send_counts, offsets(recv_counts), recv_counts)):
+            if s_n:
+                communicator.send(send.data.ptr + s_off, s_n, kind, peer, stream.ptr)
+            if r_n:
+                communicator.recv(recv.data.ptr + r_off, r_n, kind, peer, stream.ptr)
+        nccl.groupEnd()
+        return StreamWork(stream)
+
+    def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
+                      out: Buffer, op: ReduceOp) -> Any:
+        """Counts may differ by a row: one reduce per rank, grouped."""
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return self._staged.reducescatter(set_id, buf, counts, out, op)
+        stream, me = current_stream(), self._mpi[set_id].Get_rank()
+        kind, itemsize = _TYPES[buf.dtype], buf.dtype.itemsize
+        nccl.groupStart()
+        for root, (start, count) in enumerate(zip(offsets(counts), counts)):
+            if count:
+                target = out.data.ptr if root == me else buf.data.ptr + start * itemsize
+                communicator.reduce(buf.data.ptr + start * itemsize, target, count, kind,
+                                    _OPS[op], root, stream.ptr)
+        nccl.groupEnd()
+        return StreamWork(stream)

@@ -1,0 +1,120 @@
+"""GPU buffers through the host: copy to pinned memory, run the host backend
+(MPI, or the ring for large reductions), copy back.
+
+Correctness never depends on NCCL: this serves GPUs without NCCL, settings
+that ask for it (HVDLITE_GPU_ALLREDUCE=mpi), and process sets whose ranks
+share a GPU (NCCL refuses duplicate devices in a communicator). The copies
+run on the engine's stream; the host collective waits for them, so a staged
+op is finished when it returns.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import cupy
+import numpy as np
+
+from hvdlite.backends.base import DONE, Buffer, Done, widened_dtype
+from hvdlite.backends.cuda import current_stream
+from hvdlite.backends.mpi import MpiBackend
+from hvdlite.backends.ring import RingBackend
+from hvdlite.reduce_op import ReduceOp
+
+
+class _Pinned:
+    """One growing page-locked host buffer (fast device copies, no page faults)."""
+
+    def __init__(self) -> None:
+        self._memory: Any = None
+        self._nbytes = 0
+
+    def view(self, dtype: np.dtype, count: int, offset_bytes: int = 0) -> np.ndarray:
+        need = offset_bytes + count * np.dtype(dtype).itemsize
+        if need > self._nbytes:
+            self._nbytes = max(need, 2 * self._nbytes)
+            self._memory = cupy.cuda.alloc_pinned_memory(self._nbytes)
+        raw = np.frombuffer(self._memory, np.uint8, self._nbytes)
+        return raw[offset_bytes:need].view(dtype)
+
+
+class StagedBackend:
+    name = "staged"
+
+    def __init__(self, config: Any) -> None:
+        self._mpi = MpiBackend()
+        self._ring = RingBackend(config.ring_chunk)
+        self._pinned = _Pinned()
+        self.configure(config)
+
+    def configure(self, config: Any) -> None:
+        self._ring_from = {"mpi": None, "ring": 0}.get(config.allreduce, config.ring_threshold)
+
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+        return device.startswith("cuda")
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        return widened_dtype(dtype)
+
+    def open_set(self, set_id: int, comm: Any) -> None:
+        self._mpi.open_set(set_id, comm)
+        self._ring.open_set(set_id, comm)
+
+    def close_set(self, set_id: int) -> None:
+        self._mpi.close_set(set_id)
+        self._ring.close_set(set_id)
+
+    def _reducer(self, nbytes: int) -> Any:
+        use_ring = self._ring_from is not None and nbytes >= self._ring_from
+        return self._ring if use_ring else self._mpi
+
+    def _to_host(self, buf: Buffer, offset_bytes: int = 0) -> np.ndarray:
+        host = self._pinned.view(buf.dtype, buf.size, offset_bytes)
+        stream = current_stream()
+        buf.get(stream=stream, out=host)
+        stream.synchronize()          # the host collective reads it next
+        return host
+
+    @staticmethod
+    def _to_device(host: np.ndarray, buf: Buffer) -> None:
+        buf.set(host, stream=current_stream())
+
+    def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
+        host = self._to_host(buf)
+        self._reducer(host.nbytes).allreduce(set_id, host, op)
+        self._to_device(host, buf)
+        return DONE
+
+    def allgather(self, set_id: int, send: Buffer, recv: Buffer,
+                  counts: Sequence[int]) -> Done:
+        host_send = self._to_host(send)
+        host_recv = self._pinned.view(recv.dtype, recv.size, _aligned(host_send.nbytes))
+        self._mpi.allgather(set_id, host_send, host_recv, counts)
+        self._to_device(host_recv, recv)
+        return DONE
+
+    def broadcast(self, set_id: int, buf: Buffer, root: int) -> Done:
+        host = self._to_host(buf)
+        self._mpi.broadcast(set_id, host, root)
+        self._to_device(host, buf)
+        return DONE
+
+    def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
+                 recv: Buffer, recv_counts: Sequence[int]) -> Done:
+        host_send = self._to_host(send)
+        host_recv = self._pinned.view(recv.dtype, recv.size, _aligned(host_send.nbytes))
+        self._mpi.alltoall(set_id, host_send, send_counts, host_recv, recv_counts)
+        self._to_device(host_recv, recv)
+        return DONE
+
+    def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
+                      out: Buffer, op: ReduceOp) -> Done:
+        host = self._to_host(buf)
+        host_out = self._pinned.view(out.dtype, out.size, _aligned(host.nbytes))
+        self._reducer(host.nbytes).reducescatter(set_id, host, counts, host_out, op)
+        self._to_device(host_out, out)
+        return DONE
+
+
+def _aligned(nbytes: int) -> int:
+    """Second region of the pinned buffer starts on a 64-byte boundary."""
+    return (nbytes + 63) // 64 * 64
