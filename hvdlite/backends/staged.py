@@ -80,7 +80,10 @@ class StagedBackend:
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
         host = self._to_host(buf)
-        self._reducer(host.nbytes).allreduce(set_id, host, op)
+        wide = _widened(host)
+        self._reducer(wide.nbytes).allreduce(set_id, wide, op)
+        if wide is not host:
+            host[...] = wide
         self._to_device(host, buf)
         return DONE
 
@@ -108,11 +111,18 @@ class StagedBackend:
 
     def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
                       out: Buffer, op: ReduceOp) -> Done:
-        host = self._to_host(buf)
-        host_out = self._pinned.view(out.dtype, out.size, _aligned(host.nbytes))
+        host = _widened(self._to_host(buf))
+        host_out = np.empty(out.size, dtype=host.dtype)
         self._reducer(host.nbytes).reducescatter(set_id, host, counts, host_out, op)
-        self._to_device(host_out, out)
+        self._to_device(host_out.astype(out.dtype, copy=False), out)
         return DONE
+
+
+def _widened(host: np.ndarray) -> np.ndarray:
+    """Half types reach this backend unwidened when NCCL chose the dtype and then
+    fell back here (ranks sharing a GPU); MPI cannot sum them, so widen on the host."""
+    wide = widened_dtype(host.dtype)
+    return host if wide == host.dtype else host.astype(wide)
 
 
 def _aligned(nbytes: int) -> int:
