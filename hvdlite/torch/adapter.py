@@ -54,7 +54,7 @@ class TorchAdapter(TensorAdapter):
         cupy = _cupy()
         with cupy.cuda.Device(tensor.device.index):
             event = cupy.cuda.Event(disable_timing=True)
-            event.record(cupy.cuda.ExternalStream(_current_stream(tensor.device.index)))
+            cupy.cuda.runtime.eventRecord(event.ptr, _current_stream(tensor.device.index))
         return event
 
     def wait_fence(self, fence: Any) -> None:
