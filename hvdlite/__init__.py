@@ -22,7 +22,7 @@ from hvdlite.core.state import (cross_rank, cross_size, global_process_set, init
                                 local_size,
                                 mpi_threads_supported, rank, shutdown, size)
 from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
-                            NotInitializedError, ShutdownError, StallError)
+                            NotInitializedError, PeerLostError, ShutdownError, StallError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"

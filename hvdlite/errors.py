@@ -41,5 +41,9 @@ class ShutdownError(HvdliteError):
     """hvdlite was shut down (here or on another rank); collectives cannot complete."""
 
 
+class PeerLostError(HvdliteError):
+    """A peer rank exited or stopped answering; no collective can complete without it."""
+
+
 class ConfigError(HvdliteError, ValueError):
     """An HVDLITE_* variable or an argument has a value that cannot be used."""

@@ -20,15 +20,16 @@ import collections
 import ctypes
 import dataclasses
 import logging
+import os
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.core import process_sets, stall
+from hvdlite.core import exit_guard, failure, liveness, process_sets, stall
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
@@ -36,7 +37,7 @@ from hvdlite.core.setstate import SetState
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
 from hvdlite.errors import (DuplicateNameError, HvdliteError, JoinError, MismatchError,
-                            ShutdownError, StallError)
+                            PeerLostError, ShutdownError, StallError)
 
 _log = logging.getLogger("hvdlite")
 _NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
@@ -132,6 +133,10 @@ class Engine:
             raise type(self._dead)(str(self._dead))
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        # From atexit the main thread is already marked stopped: the interpreter ends.
+        exiting = not threading.main_thread().is_alive()
+        if exiting and self._dead is None:
+            failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
         self._shutdown_requested = True
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -139,9 +144,14 @@ class Engine:
             if self._thread.is_alive():
                 _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
                              "not taking part in negotiation", timeout)
+                # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
+                failure.mark_broken(self._comm.Get_rank(), self._comm.Get_size(),
+                                    "the hvdlite engine is stuck in an MPI call")
         if self.timeline is not None:
             self.timeline.close()
             self.timeline = None
+        if exiting:
+            failure.abort_if_broken()   # an atexit hook registered during exit would not run
 
     # -- engine thread ---------------------------------------------------------------
     def _main(self) -> None:
@@ -163,6 +173,10 @@ class Engine:
         world = self._comm.Dup()
         self.topology = detect(world)
         self.add_set(0, tuple(range(world.Get_size())), world)
+        self._liveness = liveness.Liveness(world, self.config)
+        self._stalls_told: set[int] = set()   # held stall errors already logged
+        if self.config.exit_guard:
+            exit_guard.spawn(os.environ, self.config.peer_timeout)
         if self.config.timeline and self.topology.rank == 0:
             self.timeline = Timeline(self.config.timeline)
 
@@ -254,6 +268,8 @@ class Engine:
         requests = list(requests)
         budget = self.config.spin_time * 1e-6
         pause, longest = 20e-6, max(50e-6, self.config.cycle_time * 1e-3 / 4)
+        started = time.monotonic()
+        next_tick = started + liveness.TICK_S
         while not MPI.Request.Testall(requests):
             if self.handles.waiting and budget > 0:
                 start = time.perf_counter()
@@ -264,6 +280,35 @@ class Engine:
                 continue
             time.sleep(pause)
             pause = min(pause * 2, longest)
+            now = time.monotonic()
+            if now >= next_tick:
+                self._while_waiting(started, now)
+                next_tick = now + liveness.TICK_S
+
+    def _while_waiting(self, started: float, now: float) -> None:
+        """A round has been incomplete for a tick: run what otherwise runs only
+        between rounds (the stall inspector), and look for a peer that is gone."""
+        self._check_stalls()
+        self._tell_stuck_stalls()
+        message = self._liveness.check(started, now)
+        if message is not None:
+            self._lose_peers(message)
+
+    def _tell_stuck_stalls(self) -> None:
+        """A stall past HVDLITE_STALL_SHUTDOWN_TIME becomes a StallError only through
+        a full round, which cannot run while this round is stuck. Say so once; if a
+        peer is gone, the liveness check reports it."""
+        self._stalls_told &= self._stall_messages.keys()   # delivered ones may recur
+        for set_id, message in self._stall_messages.items():
+            if set_id not in self._stalls_told:
+                self._stalls_told.add(set_id)
+                _log.error("%s %s", message, stall.STUCK_ROUND_NOTE)
+
+    def _lose_peers(self, message: str) -> NoReturn:
+        error = PeerLostError(message)
+        self._stop(error)
+        failure.mark_broken(self._comm.Get_rank(), self._comm.Get_size(), message)
+        raise liveness.RoundAbandoned(message)
 
     def _cached_responses(self, state: SetState, bits: list[int]) -> list[Response]:
         responses = [state.cache.response(b) for b in bits]
@@ -275,11 +320,11 @@ class Engine:
         now = time.monotonic()
         report = _Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
                          self._shutdown_requested and state.set_id == 0)
-        gathered = state.comm.gather(report, root=0)
+        gathered = liveness.gather(state.comm, report, self._await)
         verdict = None
         if state.coordinator is not None:
             verdict = self._decide(state, gathered)
-        verdict = state.comm.bcast(verdict, root=0)
+        verdict = liveness.bcast(state.comm, verdict, self._await)
         self._dispatch(state, verdict.responses, cached=False)
         if verdict.shutdown_ranks:
             ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
@@ -365,10 +410,16 @@ class Engine:
         self.handles.fail_all(error)
 
     def _crash(self, exc: BaseException) -> None:
+        if isinstance(exc, liveness.RoundAbandoned):
+            return   # already stopped with PeerLostError; the user threads report it
         rank = self._comm.Get_rank()
         text = "".join(traceback.format_exception(exc))
         self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))
         _log.error("hvdlite engine failed on rank %d; this is a bug, please report it:\n%s",
                    rank, text)
         if self.config.abort_on_error:
-            self._comm.Abort(1)
+            time.sleep(failure.ABORT_GRACE_S)   # let the launcher forward the log first
+            try:
+                self._comm.Abort(1)
+            finally:
+                os._exit(1)   # MPI_Abort may return once the launcher has the request
