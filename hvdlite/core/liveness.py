@@ -247,6 +247,8 @@ class Channel:
 
     def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
         """Ranks heard from, and the verdicts received as (reporter, text)."""
+        # Forget delivered pings, so finished requests do not pile up until MPI_Finalize.
+        self._pings = {rank: req for rank, req in self._pings.items() if not req.Test()}
         heard: set[int] = set()
         verdicts: list[tuple[int, str]] = []
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=self._status):

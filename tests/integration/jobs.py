@@ -62,6 +62,12 @@ def timeline_env() -> None:
     hvd.shutdown()
 
 
+def _say(line: str) -> None:
+    """One write per line: print() writes the text and the newline separately, and the
+    launcher may then interleave another rank's output between them."""
+    os.write(1, (line + "\n").encode())
+
+
 def _announce_pids() -> None:
     """For the test's check that no process outlives the job."""
     try:
@@ -69,7 +75,7 @@ def _announce_pids() -> None:
         guard = exit_guard._spawned.pid if exit_guard._spawned is not None else -1
     except ImportError:     # a tree without the guard, when checking that tests fail there
         guard = -1
-    print(f"PIDS rank {hvd.rank()}: {os.getpid()} {guard}", flush=True)
+    _say(f"PIDS rank {hvd.rank()}: {os.getpid()} {guard}")
 
 
 def _survive(lose_last_rank: Callable[[], None], steps_before: int = 5) -> None:
@@ -87,10 +93,9 @@ def _survive(lose_last_rank: Callable[[], None], steps_before: int = 5) -> None:
         for _ in range(100000):
             hvd.allreduce(np.ones(4), name="step")
     except hvd.PeerLostError as exc:
-        print(f"PEER_LOST rank {hvd.rank()} after {time.monotonic() - start:.1f} s: {exc}",
-              flush=True)
+        _say(f"PEER_LOST rank {hvd.rank()} after {time.monotonic() - start:.1f} s: {exc}")
         return
-    print(f"NO_ERROR rank {hvd.rank()}", flush=True)
+    _say(f"NO_ERROR rank {hvd.rank()}")
 
 
 def peer_exits_mid_training() -> None:
@@ -116,7 +121,7 @@ def stall_while_round_stuck() -> None:
         try:
             hvd.allreduce(np.ones(2), name="lonely")
         except hvd.PeerLostError as exc:
-            print(f"PEER_LOST rank 0 after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+            _say(f"PEER_LOST rank 0 after {time.monotonic() - start:.1f} s: {exc}")
         return
     time.sleep(1.5)
     ctypes.PyDLL(None).sleep(40)   # PyDLL keeps the GIL: the engine thread cannot run
