@@ -264,7 +264,9 @@ class Engine:
         thread is blocked in synchronize() the engine busy-polls instead (Testall
         releases the GIL), for up to HVDLITE_SPIN_TIME per round: that is latency
         someone is waiting on. Otherwise the CPU belongs to the training thread,
-        which on a core per rank would lose whatever a spinning engine takes."""
+        which on a core per rank would lose whatever a spinning engine takes.
+        A wait that lasts runs _while_waiting every liveness.TICK_S: the stall
+        inspector, and the check that fails everything if a peer is gone."""
         requests = list(requests)
         budget = self.config.spin_time * 1e-6
         pause, longest = 20e-6, max(50e-6, self.config.cycle_time * 1e-3 / 4)
