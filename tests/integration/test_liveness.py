@@ -89,7 +89,7 @@ def test_a_frozen_peer_is_reported_after_the_timeout(np: int) -> None:
     reports = lost_reports(output)
     assert sorted(reports) == list(range(np - 1)), output
     for seconds, message in reports.values():
-        assert timeout <= seconds < timeout + 10, output
+        assert timeout - 1 <= seconds < timeout + 10, output   # starts differ by scheduling
         assert f"rank {np - 1} (pid " in message, message
         assert "stopped answering for" in message and "SIGSTOP" in message, message
     assert elapsed < LOST_WITHIN_S, f"{elapsed:.1f} s"
