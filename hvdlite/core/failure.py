@@ -96,7 +96,7 @@ def _status(code: object) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
-        return int(code)
+        return int(code) & 0xFF   # what the shell sees: sys.exit(256) is a success
     return 1   # a message: Python prints it and exits 1
 
 
