@@ -18,8 +18,8 @@ from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_init
                                  rank, shutdown, size)
 from hvdlite.api.compression import Compression
 from hvdlite.errors import (ConfigError, DuplicateNameError, HvdliteError, HvdliteTypeError,
-                            JoinError, MismatchError, NotInitializedError, ShutdownError,
-                            StallError, UsageError)
+                            JoinError, MismatchError, NotInitializedError, PeerLostError,
+                            ShutdownError, StallError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
@@ -39,7 +39,7 @@ COMMON_NAMES = (
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
-    "ShutdownError",
+    "ShutdownError", "PeerLostError",
 )
 
 __all__ = list(_OP_NAMES) + list(COMMON_NAMES) + ["COMMON_NAMES", "__version__"]

@@ -156,6 +156,21 @@ class Config:
         "Microseconds the engine busy-polls a pending negotiation before it "
         "starts sleeping between polls (lower latency vs. CPU left to compute).")
 
+    peer_timeout: float = _knob(
+        20.0, parse_nonneg_float,
+        "Seconds a negotiation round may wait on a rank that does not answer before "
+        "every other rank fails with PeerLostError naming it (a frozen, stopped or "
+        "unreachable process). A rank whose process has ended is reported within "
+        "about a second when it ran on the same host. 0 disables the timeout (ended "
+        "processes are still reported).")
+    exit_guard: bool = _knob(
+        True, parse_bool,
+        "Under MPICH's hydra launcher, keep each rank's launcher connection open "
+        "for a while after its process ends (one small helper process per rank), so "
+        "that a rank ending without MPI_Finalize (os._exit, killed) is reported by "
+        "the others as PeerLostError and the job fails, instead of hydra silently "
+        "killing every rank and exiting 0.")
+
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
         """Resolve every option: explicit override > environment > default."""

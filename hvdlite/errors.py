@@ -60,6 +60,10 @@ class ShutdownError(HvdliteError):
     """hvdlite was shut down (here or on another rank); collectives cannot complete."""
 
 
+class PeerLostError(HvdliteError):
+    """A peer rank exited or stopped answering; no collective can complete without it."""
+
+
 class ErrorKind(enum.Enum):
     """What went wrong, as it travels from the coordinator to every rank."""
     MISMATCH = "mismatch"

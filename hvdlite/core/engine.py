@@ -20,23 +20,24 @@ import collections
 import ctypes
 import dataclasses
 import logging
+import os
 import threading
 import time
 import traceback
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.core import stall
+from hvdlite.core import exit_guard, failure, liveness, stall
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
-from hvdlite.errors import (DuplicateNameError, HvdliteError, ShutdownError, StallError,
-                            error_class)
+from hvdlite.errors import (DuplicateNameError, HvdliteError, PeerLostError, ShutdownError,
+                            StallError, error_class)
 
 _log = logging.getLogger("hvdlite")
 _NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
@@ -160,6 +161,10 @@ class Engine:
             raise type(dead)(str(dead)) from dead
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        # From atexit the main thread is already marked stopped: the interpreter ends.
+        exiting = not threading.main_thread().is_alive()
+        if exiting and self._dead is None:
+            failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
         self._shutdown_requested = True
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -167,9 +172,14 @@ class Engine:
             if self._thread.is_alive():
                 _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
                              "not taking part in negotiation", timeout)
+                # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
+                failure.mark_broken(self.topology.rank, self.topology.size,
+                                    "the hvdlite engine is stuck in an MPI call")
         if self.timeline is not None:
             self.timeline.close()
             self.timeline = None
+        if exiting:
+            failure.abort_if_broken()   # an atexit hook registered during exit would not run
 
     # -- engine thread ---------------------------------------------------------------
     def _main(self) -> None:
@@ -190,6 +200,10 @@ class Engine:
         _precise_sleeps()
         self.topology = detect(self._comm)
         self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
+        self._liveness = liveness.Liveness(self._comm, self.config)
+        self._stalls_told: set[int] = set()   # held stall errors already logged
+        if self.config.exit_guard:
+            exit_guard.spawn(os.environ, self.config.peer_timeout)
         if self.config.timeline and self.topology.rank == 0:
             self.timeline = Timeline(self.config.timeline)
 
@@ -278,11 +292,14 @@ class Engine:
         thread is blocked in synchronize() the engine busy-polls instead (Testall
         releases the GIL), for up to HVDLITE_SPIN_TIME per round: that is latency
         someone is waiting on. Otherwise the CPU belongs to the training thread,
-        which on a core per rank would lose whatever a spinning engine takes."""
+        which on a core per rank would lose whatever a spinning engine takes.
+        A wait that lasts runs _while_waiting every liveness.TICK_S: the stall
+        inspector, and the check that fails everything if a peer is gone."""
         requests = list(requests)
         budget = self.config.spin_time * 1e-6
         pause = _FIRST_PAUSE_S
         longest = max(_LONGEST_PAUSE_FLOOR_S, self.config.cycle_time * 1e-3 / 4)
+        started = next_tick = 0.0
         while not MPI.Request.Testall(requests):
             if self.handles.waiting and budget > 0:
                 start = time.perf_counter()
@@ -292,7 +309,42 @@ class Engine:
                 budget -= time.perf_counter() - start
                 continue
             time.sleep(pause)
-            pause = min(pause * 2, longest)
+            if pause < longest:
+                pause = min(pause * 2, longest)
+                continue
+            # Only a wait that reached the longest pause (about 0.3 ms in) reads the
+            # clock: rounds that complete sooner pay nothing for what follows.
+            now = time.monotonic()
+            if not started:
+                started, next_tick = now, now + liveness.TICK_S
+            elif now >= next_tick:
+                self._while_waiting(started, now)
+                next_tick = now + liveness.TICK_S
+
+    def _while_waiting(self, started: float, now: float) -> None:
+        """A round has been incomplete for a tick: run what otherwise runs only
+        between rounds (the stall inspector), and look for a peer that is gone."""
+        self._check_stalls()
+        self._tell_stuck_stalls()
+        message = self._liveness.check(started, now)
+        if message is not None:
+            self._lose_peers(message)
+
+    def _tell_stuck_stalls(self) -> None:
+        """A stall past HVDLITE_STALL_SHUTDOWN_TIME becomes a StallError only through
+        a full round, which cannot run while this round is stuck. Say so once; if a
+        peer is gone, the liveness check reports it."""
+        self._stalls_told &= self._stall_messages.keys()   # delivered ones may recur
+        for set_id, message in self._stall_messages.items():
+            if set_id not in self._stalls_told:
+                self._stalls_told.add(set_id)
+                _log.error("%s %s", message, stall.STUCK_ROUND_NOTE)
+
+    def _lose_peers(self, message: str) -> NoReturn:
+        error = PeerLostError(message)
+        self._stop(error)
+        failure.mark_broken(self.topology.rank, self.topology.size, message)
+        raise liveness.RoundAbandoned(message)
 
     def _cached_responses(self, state: SetState, bits: list[int]) -> list[Response]:
         responses = [state.cache.response(b) for b in bits]
@@ -304,11 +356,11 @@ class Engine:
         now = time.monotonic()
         report = _Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
                          self._shutdown_requested and state.set_id == GLOBAL_SET_ID)
-        gathered = state.comm.gather(report, root=0)
+        gathered = liveness.gather(state.comm, report, self._await)
         verdict = None
         if state.coordinator is not None:
             verdict = self._decide(state, gathered)
-        verdict = state.comm.bcast(verdict, root=0)
+        verdict = liveness.bcast(state.comm, verdict, self._await)
         self._dispatch(state, verdict.responses, cached=False)
         if verdict.shutdown_ranks:
             ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
@@ -415,10 +467,16 @@ class Engine:
         self.handles.fail_all(error)
 
     def _crash(self, exc: BaseException) -> None:
+        if isinstance(exc, liveness.RoundAbandoned):
+            return   # already stopped with PeerLostError; the user threads report it
         rank = self._comm.Get_rank()
         text = "".join(traceback.format_exception(exc))
         self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))
         _log.error("hvdlite engine failed on rank %d; this is a bug, please report it:\n%s",
                    rank, text)
         if self.config.abort_on_error:
-            self._comm.Abort(1)
+            time.sleep(failure.ABORT_GRACE_S)   # let the launcher forward the log first
+            try:
+                self._comm.Abort(1)
+            finally:
+                os._exit(1)   # MPI_Abort may return once the launcher has the request

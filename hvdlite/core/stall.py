@@ -8,6 +8,10 @@ from typing import Any, Optional
 from hvdlite.core.negotiation import Coordinator
 
 _log = logging.getLogger("hvdlite")
+# Appended when a stall error is due while the negotiation round itself is stuck.
+STUCK_ROUND_NOTE = ("The StallError waits for the current negotiation round, which some "
+                    "rank has not joined; a rank that has exited or stopped answering is "
+                    "reported as PeerLostError (see HVDLITE_PEER_TIMEOUT).")
 
 
 def _limits(config: Any) -> list[float]:

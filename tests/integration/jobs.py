@@ -1,9 +1,12 @@
 """Small programs that the integration tests run as whole MPI jobs."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -14,6 +17,7 @@ def crash() -> None:
     """The last rank raises; the others wait in a collective that can never finish."""
     hvd.init()
     if hvd.rank() == hvd.size() - 1:
+        print("last rank: about to fail")   # buffered: must be flushed before the abort
         raise RuntimeError("deliberate failure on the last rank")
     hvd.allreduce(np.ones(4), name="never.completes")
 
@@ -56,6 +60,80 @@ def timeline_env() -> None:
     for step in range(3):
         hvd.allreduce(np.ones(10), name="env.timeline")
     hvd.shutdown()
+
+
+def _say(line: str) -> None:
+    """One write per line: print() writes the text and the newline separately, and the
+    launcher may then interleave another rank's output between them."""
+    os.write(1, (line + "\n").encode())
+
+
+def _announce_pids() -> None:
+    """For the test's check that no process outlives the job."""
+    try:
+        from hvdlite.core import exit_guard
+        guard = exit_guard._spawned.pid if exit_guard._spawned is not None else -1
+    except ImportError:     # a tree without the guard, when checking that tests fail there
+        guard = -1
+    _say(f"PIDS rank {hvd.rank()}: {os.getpid()} {guard}")
+
+
+def _survive(lose_last_rank: Callable[[], None], steps_before: int = 5) -> None:
+    """The last rank calls ``lose_last_rank`` after ``steps_before`` allreduces; the
+    others keep reducing and must fail with PeerLostError. A survivor returns
+    normally after printing it: its exit must still end the job non-zero."""
+    hvd.init()
+    _announce_pids()
+    for _ in range(steps_before):
+        hvd.allreduce(np.ones(4), name="step")
+    if hvd.rank() == hvd.size() - 1:
+        lose_last_rank()
+    start = time.monotonic()
+    try:
+        for _ in range(100000):
+            hvd.allreduce(np.ones(4), name="step")
+    except hvd.PeerLostError as exc:
+        _say(f"PEER_LOST rank {hvd.rank()} after {time.monotonic() - start:.1f} s: {exc}")
+        return
+    _say(f"NO_ERROR rank {hvd.rank()}")
+
+
+def peer_exits_mid_training() -> None:
+    _survive(lambda: os._exit(0))
+
+
+def peer_exits_after_init() -> None:
+    _survive(lambda: os._exit(0), steps_before=0)
+
+
+def peer_freezes() -> None:
+    _survive(lambda: os.kill(os.getpid(), signal.SIGSTOP))
+
+
+def stall_while_round_stuck() -> None:
+    """Rank 0 waits on a tensor the others never submit; once rank 0's coordinator
+    has seen that, the others' engines freeze (their main thread holds the GIL in
+    C), so rank 0's negotiation round never completes."""
+    hvd.init()
+    _announce_pids()
+    if hvd.rank() == 0:
+        start = time.monotonic()
+        try:
+            hvd.allreduce(np.ones(2), name="lonely")
+        except hvd.PeerLostError as exc:
+            _say(f"PEER_LOST rank 0 after {time.monotonic() - start:.1f} s: {exc}")
+        return
+    time.sleep(1.5)
+    ctypes.PyDLL(None).sleep(40)   # PyDLL keeps the GIL: the engine thread cannot run
+
+
+def exit_status() -> None:
+    """The last rank leaves through sys.exit(3) while the others wait on it."""
+    hvd.init()
+    hvd.barrier()
+    if hvd.rank() == hvd.size() - 1:
+        sys.exit(3)
+    hvd.allreduce(np.ones(2), name="never.completes")
 
 
 if __name__ == "__main__":

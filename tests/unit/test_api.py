@@ -32,7 +32,8 @@ def test_error_types_match_what_horovod_scripts_catch() -> None:
     assert issubclass(HvdliteError, RuntimeError)
     assert issubclass(NotInitializedError, ValueError) and issubclass(NotInitializedError, HvdliteError)
     assert issubclass(hvd.DuplicateNameError, ValueError)
-    for error in (hvd.MismatchError, hvd.StallError, hvd.ShutdownError, hvd.JoinError):
+    for error in (hvd.MismatchError, hvd.StallError, hvd.ShutdownError, hvd.JoinError,
+                  hvd.PeerLostError):
         assert issubclass(error, HvdliteError)
 
 

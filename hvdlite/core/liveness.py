@@ -1,0 +1,333 @@
+"""Which peer is gone, found while the engine waits on a round that does not complete.
+
+Every live engine joins a negotiation round at least every 8 HVDLITE_CYCLE_TIME,
+even while its user thread computes, so a round still incomplete after
+OVERDUE_S means some member's engine is busy in a long collective, frozen, or
+gone. While a round is overdue, each waiting engine (on its own thread, from
+Engine._await):
+
+1. pings every peer on a private communicator and notes whose pings arrive: an
+   engine that is waiting too is alive;
+2. checks the processes of peers in the same process domain (same host, boot and
+   PID namespace): a pid that no longer exists, is a zombie, or now belongs to a
+   process started later has exited;
+3. declares lost the peers that exited, at once, and the peers silent for longer
+   than HVDLITE_PEER_TIMEOUT since the wait began ("stopped answering");
+4. sends that verdict to every other peer, and adopts any verdict it receives,
+   so every survivor fails, even those that cannot see the cause themselves.
+
+Monitor and the helpers above Channel are pure logic (no MPI) for unit tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import socket
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+# A waiting engine runs the stall inspector and this check this often. Rounds
+# complete in well under this while every engine is alive, so the steady state never
+# pays for either; a stuck round is looked at ten times a second.
+TICK_S = 0.1
+# A round completes in microseconds to milliseconds while every engine is alive
+# (idle ones join every <= 8 cycles); past this, checking costs nothing that matters.
+OVERDUE_S = 0.5
+# Same-host process checks read one small /proc file per local peer; twice a second
+# finds an exited peer about a second after the round stalls.
+PROBE_INTERVAL_S = 0.5
+# A live waiting peer pings this many times per timeout, so a few pings delayed by
+# scheduling or the GIL never add up to a false verdict...
+PINGS_PER_TIMEOUT = 8
+# ...within these bounds: not more than 4 per second (P-1 messages each), not so
+# rarely that a short test timeout is missed.
+MIN_PING_S, MAX_PING_S = 0.25, 2.0
+# A verdict is a few small messages; waiting this long for them to leave is enough
+# on any working network and bounded on a broken one.
+VERDICT_SEND_WAIT_S = 0.5
+_TAG_PING, _TAG_VERDICT = 1, 2   # on the private communicator only
+
+EXITED, STOPPED, RUNNING, UNKNOWN = "exited", "stopped", "running", "unknown"
+
+
+class RoundAbandoned(Exception):
+    """Unwinds the engine thread out of a round that can never complete; the engine
+    has already failed everything with PeerLostError."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """What every rank tells the others about its process at init."""
+    rank: int
+    host: str
+    pid: int
+    start: Optional[int]                  # /proc start time in clock ticks (pid reuse check)
+    domain: Optional[tuple[str, ...]]     # equal domains see each other's pids; None: unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    peer: Peer
+    how: str            # EXITED, or the process state of a silent peer
+    silent_for: float
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(text: str) -> list[str]:
+    """Fields of /proc/PID/stat from the state on; the command name before them may
+    itself contain spaces and parentheses, so split after its last ')'."""
+    return text[text.rindex(")") + 2:].split()
+
+
+def identity(rank: int, proc: str = "/proc") -> Peer:
+    """This process, as its peers will see it."""
+    host = socket.gethostname()
+    stat = _read(f"{proc}/self/stat")
+    boot = _read(f"{proc}/sys/kernel/random/boot_id")
+    try:
+        pid_ns = os.readlink(f"{proc}/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    start = int(_stat_fields(stat)[19]) if stat else None
+    # Containers may share a host name but not a PID namespace: compare pids only
+    # between processes that share host, boot and namespace.
+    domain = (host, boot.strip(), pid_ns) if stat and boot and pid_ns else None
+    return Peer(rank, host, os.getpid(), start, domain)
+
+
+def _signal_probe(pid: int) -> str:
+    """Where /proc cannot tell: signal 0 checks existence without touching the process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return EXITED
+    except OSError:      # it exists but belongs to someone else: not ours to judge
+        return UNKNOWN
+    return UNKNOWN
+
+
+def process_state(peer: Peer, proc: str = "/proc") -> str:
+    """EXITED, STOPPED, RUNNING or UNKNOWN for a process in this process domain."""
+    text = _read(f"{proc}/{peer.pid}/stat")
+    if text is None:
+        return _signal_probe(peer.pid)
+    fields = _stat_fields(text)
+    if peer.start is not None and int(fields[19]) != peer.start:
+        return EXITED   # the pid was reused by a newer process
+    state = fields[0]
+    if state in ("Z", "X"):
+        return EXITED   # a zombie: ended, not yet reaped by the launcher
+    return STOPPED if state in ("T", "t") else RUNNING
+
+
+def ping_interval(timeout: float) -> float:
+    if timeout <= 0:
+        return MAX_PING_S
+    return min(max(timeout / PINGS_PER_TIMEOUT, MIN_PING_S), MAX_PING_S)
+
+
+class Monitor:
+    """Per-wait bookkeeping and the verdict; times are passed in (testable)."""
+
+    def __init__(self, me: int, peers: Sequence[Peer], timeout: float,
+                 probe: Callable[[Peer], str] = process_state) -> None:
+        self.me = me
+        self.timeout = timeout
+        self.peers = [p for p in peers if p.rank != me]
+        domain = peers[me].domain
+        self.local = [p for p in self.peers if domain is not None and p.domain == domain]
+        self._probe = probe
+        self._interval = ping_interval(timeout)
+        self._wait: Optional[float] = None
+        self._heard: dict[int, float] = {}
+        self._states: dict[int, str] = {}
+        self._next_ping = self._next_probe = 0.0
+
+    def overdue(self, started: float, now: float) -> bool:
+        """True once the wait that began at ``started`` is overdue; a new wait
+        forgets the previous one's pings and process states."""
+        if now - started < OVERDUE_S:
+            return False
+        if self._wait != started:
+            self._wait = started
+            self._heard.clear()
+            self._states.clear()
+            self._next_ping = self._next_probe = now
+        return True
+
+    def heard(self, rank: int, now: float) -> None:
+        self._heard[rank] = now
+
+    def ping_due(self, now: float) -> bool:
+        if now < self._next_ping:
+            return False
+        self._next_ping = now + self._interval
+        return True
+
+    def assess(self, now: float) -> list[Loss]:
+        """Peers to declare lost now (call only while overdue)."""
+        assert self._wait is not None
+        if now >= self._next_probe:
+            self._next_probe = now + PROBE_INTERVAL_S
+            self._states = {p.rank: self._probe(p) for p in self.local}
+        losses = []
+        for peer in self.peers:
+            state = self._states.get(peer.rank, UNKNOWN)
+            silent = now - max(self._wait, self._heard.get(peer.rank, self._wait))
+            if state == EXITED or (self.timeout > 0 and silent > self.timeout):
+                losses.append(Loss(peer, state, silent))
+        return losses
+
+    def survivors(self, losses: Sequence[Loss]) -> list[int]:
+        lost = {loss.peer.rank for loss in losses}
+        return [p.rank for p in self.peers if p.rank not in lost]
+
+
+_SILENT_DETAIL = {
+    STOPPED: "its process is stopped: SIGSTOP, Ctrl-Z or a debugger",
+    RUNNING: "its process still runs, but its hvdlite engine does not: code holding the "
+             "GIL, a deadlock, or a collective far longer than the others",
+    UNKNOWN: "its process is not visible from here: it may have exited or frozen, or "
+             "its host or the network is down",
+}
+
+
+def describe(losses: Sequence[Loss]) -> str:
+    """One clause per lost peer, e.g. 'rank 3 (pid 812 on node2) exited'."""
+    clauses = []
+    for loss in sorted(losses, key=lambda loss: loss.peer.rank):
+        who = f"rank {loss.peer.rank} (pid {loss.peer.pid} on {loss.peer.host})"
+        if loss.how == EXITED:
+            clauses.append(f"{who} exited")
+        else:
+            clauses.append(f"{who} stopped answering for {loss.silent_for:.1f} s "
+                           f"({_SILENT_DETAIL[loss.how]})")
+    return "; ".join(clauses)
+
+
+def error_message(me: int, what: str, reporter: Optional[int], timeout: float) -> str:
+    source = "" if reporter is None else f" (detected by rank {reporter})"
+    return (f"rank {me}: lost a peer: {what}{source}. No collective can complete without "
+            "every rank, so this and every later hvdlite collective fails, and the job "
+            "ends with a non-zero status. Look at that rank's own output first: its "
+            "traceback, exit status, or a kill by the OOM killer (dmesg) or the batch "
+            "system; a live but stuck process can be inspected with `py-spy dump --pid "
+            f"PID`. HVDLITE_PEER_TIMEOUT={timeout:g} s sets how long a silent rank is "
+            "waited for.")
+
+
+class Channel:
+    """Pings and verdicts on a private duplicate of the engine's world communicator,
+    so they never match the engine's collectives or user traffic."""
+
+    def __init__(self, world: MPI.Comm) -> None:
+        self.comm = world.Dup()
+        self._ping = np.zeros(1, dtype=np.uint8)   # content is irrelevant, never written
+        self._inbox = np.zeros(1, dtype=np.uint8)
+        self._status = MPI.Status()
+        self._pings: dict[int, MPI.Request] = {}
+
+    def ping(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            previous = self._pings.get(rank)
+            if previous is not None and not previous.Test():
+                continue   # not delivered yet (a dead peer's queue is full): don't pile up
+            self._pings[rank] = self.comm.Isend([self._ping, MPI.BYTE], dest=rank, tag=_TAG_PING)
+
+    def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
+        """Ranks heard from, and the verdicts received as (reporter, text)."""
+        # Forget delivered pings, so finished requests do not pile up until MPI_Finalize.
+        self._pings = {rank: req for rank, req in self._pings.items() if not req.Test()}
+        heard: set[int] = set()
+        verdicts: list[tuple[int, str]] = []
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=self._status):
+            source, tag = self._status.Get_source(), self._status.Get_tag()
+            heard.add(source)
+            if tag == _TAG_PING:
+                self.comm.Recv([self._inbox, MPI.BYTE], source=source, tag=tag)
+            else:
+                verdicts.append((source, self.comm.recv(source=source, tag=tag)))
+        return heard, verdicts
+
+    def tell(self, ranks: Sequence[int], text: str) -> None:
+        requests = [self.comm.isend(text, dest=rank, tag=_TAG_VERDICT) for rank in ranks]
+        deadline = time.monotonic() + VERDICT_SEND_WAIT_S
+        while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+
+
+class Liveness:
+    """The engine's handle: one identity exchange at init, then check() while waiting."""
+
+    def __init__(self, world: MPI.Comm, config: Any) -> None:
+        self.me = world.Get_rank()
+        self.timeout = config.peer_timeout
+        peers = world.allgather(identity(self.me))
+        self.peers = peers
+        self.monitor = Monitor(self.me, peers, self.timeout)
+        self.channel = Channel(world)
+
+    def check(self, started: float, now: float) -> Optional[str]:
+        """The PeerLostError message once a peer is lost (found here or reported by
+        another rank), else None. Call every tick of a wait that began at ``started``."""
+        heard, verdicts = self.channel.drain()
+        for rank in heard:
+            self.monitor.heard(rank, now)
+        if verdicts:
+            reporter, what = verdicts[0]
+            return error_message(self.me, what, reporter, self.timeout)
+        if not self.monitor.overdue(started, now):
+            return None
+        if self.monitor.ping_due(now):
+            self.channel.ping([p.rank for p in self.monitor.peers])
+        losses = self.monitor.assess(now)
+        if not losses:
+            return None
+        what = describe(losses)
+        self.channel.tell(self.monitor.survivors(losses), what)
+        return error_message(self.me, what, None, self.timeout)
+
+
+# -- a full round's collectives, awaited so that a peer lost mid-round is noticed ---
+# A peer can die after it joined a round's bit-vector allreduce but before the full
+# round's gather: with blocking collectives, the survivors would then wait inside
+# MPI forever, where no liveness check can run.
+Await = Callable[[Sequence[MPI.Request]], None]
+
+
+def gather(comm: MPI.Comm, obj: Any, wait: Await) -> Optional[list[Any]]:
+    """``comm.gather(obj, root=0)`` on non-blocking collectives waited on by ``wait``."""
+    data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    root = comm.Get_rank() == 0
+    sizes = np.zeros(comm.Get_size() if root else 1, dtype=np.int64)
+    wait([comm.Igather(np.array([data.size], dtype=np.int64), sizes if root else None)])
+    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])) if root else sizes
+    out = np.empty(int(sizes.sum()) if root else 0, dtype=np.uint8)
+    wait([comm.Igatherv([data, MPI.BYTE],
+                        [out, (sizes, offsets), MPI.BYTE] if root else None)])
+    if not root:
+        return None
+    return [pickle.loads(out[o:o + n]) for o, n in zip(offsets, sizes)]
+
+
+def bcast(comm: MPI.Comm, obj: Any, wait: Await) -> Any:
+    """``comm.bcast(obj, root=0)`` on non-blocking collectives waited on by ``wait``."""
+    root = comm.Get_rank() == 0
+    data = np.frombuffer(bytearray(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)),
+                         dtype=np.uint8) if root else None
+    size = np.array([data.size if data is not None else 0], dtype=np.int64)
+    wait([comm.Ibcast(size)])
+    buf = data if data is not None else np.empty(int(size[0]), dtype=np.uint8)
+    wait([comm.Ibcast([buf, MPI.BYTE])])
+    return obj if root else pickle.loads(buf)
