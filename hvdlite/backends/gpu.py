@@ -2,7 +2,8 @@
 GPU, and two backends: NCCL first, then host staging through pinned memory.
 
 Loaded by ``hvdlite.core.devices`` the first time a request names a "cuda"
-device (importing it imports CuPy). Ordering without host synchronisation:
+device (importing it imports CuPy); it reads NAMESPACE, prepare, fence and
+BACKENDS from here, so this module never imports the core. Ordering without host synchronisation:
 the engine's stream waits on an event recorded on the framework's stream at
 submission (``prepare``); results carry an event recorded after they are
 written (``fence``), which the framework's stream waits on before use.
@@ -16,10 +17,11 @@ import cupy
 from hvdlite.backends.cuda import device_index, stream_for
 from hvdlite.backends.nccl import NCCL_AVAILABLE, NcclBackend
 from hvdlite.backends.staged import StagedBackend
-from hvdlite.core.devices import DeviceType, register_backend, register_device
+
+NAMESPACE = cupy
 
 
-def _prepare(device: str, ready: Sequence[Any]) -> None:
+def prepare(device: str, ready: Sequence[Any]) -> None:
     index = device_index(device)
     cupy.cuda.Device(index).use()
     stream = stream_for(index)
@@ -28,13 +30,11 @@ def _prepare(device: str, ready: Sequence[Any]) -> None:
         cupy.cuda.runtime.streamWaitEvent(stream.ptr, event.ptr, 0)
 
 
-def _fence(device: str) -> Any:
+def fence(device: str) -> Any:
     event = cupy.cuda.Event(disable_timing=True)
     event.record(stream_for(device_index(device)))
     return event
 
 
-register_device("cuda", DeviceType(cupy, _prepare, _fence))
-if NCCL_AVAILABLE:
-    register_backend(NcclBackend)
-register_backend(StagedBackend)
+# In order of preference: NCCL where it loads, then staging (always correct).
+BACKENDS = ([NcclBackend] if NCCL_AVAILABLE else []) + [StagedBackend]

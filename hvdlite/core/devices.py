@@ -4,8 +4,9 @@ and asks here which namespace serves a device.
 
 The core never imports a GPU library. A device type other than "cpu" is
 served by a plugin module among the backends (``hvdlite.backends.gpu`` for
-"cuda"), loaded the first time a request names such a device; it registers
-its array namespace, its stream hooks and its backends here.
+"cuda"), loaded the first time a request names such a device; ``load`` reads
+its array namespace (NAMESPACE), stream hooks (prepare, fence) and backend
+classes (BACKENDS) and registers them here.
 """
 from __future__ import annotations
 
@@ -56,11 +57,14 @@ def load(kind: str) -> bool:
     """Load the plugin serving ``kind``; False if there is none."""
     if kind in _TYPES:
         return True
-    module = _PLUGINS.get(kind)
-    if module is None:
+    name = _PLUGINS.get(kind)
+    if name is None:
         return False
-    importlib.import_module(module)
-    return kind in _TYPES
+    plugin = importlib.import_module(name)     # it never imports the core back
+    register_device(kind, DeviceType(plugin.NAMESPACE, plugin.prepare, plugin.fence))
+    for factory in plugin.BACKENDS:
+        register_backend(factory)
+    return True
 
 
 def described(device: str) -> DeviceType:
