@@ -40,6 +40,12 @@ class TensorAdapter:
         """A copy of ``tensor`` in ``dtype`` ("float16", "bfloat16", or its own dtype's name)."""
         raise NotImplementedError
 
+    def inplace_done(self, tensor: Any, result: Any) -> Any:
+        """An in-place op on ``tensor`` completed with ``result`` (the array it wrote).
+        Frameworks whose arrays are views of tensor memory have nothing to do; one
+        whose ``to_array`` gives a copy (TensorFlow variables) stores ``result`` here."""
+        return tensor
+
     def dtype_name(self, tensor: Any) -> str:
         raise NotImplementedError
 
