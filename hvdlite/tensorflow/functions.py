@@ -9,12 +9,10 @@ import tensorflow as tf
 
 import hvdlite as _hvd
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.errors import MismatchError
+from hvdlite.api import variable_check
 from hvdlite.tensorflow import graph
 from hvdlite.tensorflow.adapter import TENSORFLOW
 from hvdlite.tensorflow.ops import OPS
-
-Spec = tuple[str, tuple, str]
 
 
 def variable_name(variable: Any, index: int) -> str:
@@ -23,40 +21,16 @@ def variable_name(variable: Any, index: int) -> str:
     return str(name).removesuffix(":0")
 
 
-def variable_specs(variables: Sequence[Any]) -> list[Spec]:
+def variable_specs(variables: Sequence[Any]) -> list[variable_check.Spec]:
     return [(variable_name(v, i), tuple(tf.TensorShape(v.shape).as_list()),
              tf.as_dtype(v.dtype).name) for i, v in enumerate(variables)]
 
 
-def _describe(specs_by_rank: list[list[Spec]]) -> Optional[str]:
-    """What differs between the ranks' variable lists, or None."""
-    counts = [len(s) for s in specs_by_rank]
-    for index in range(max(counts)):
-        seen: dict[Any, list[int]] = {}
-        for rank, specs in enumerate(specs_by_rank):
-            seen.setdefault(specs[index] if index < len(specs) else None, []).append(rank)
-        if len(seen) > 1:
-            parts = "; ".join(
-                f"ranks {ranks} have " + ("no such variable" if spec is None else
-                                          f"'{spec[0]}' shape={spec[1]} dtype={spec[2]}")
-                for spec, ranks in seen.items())
-            return f"variable #{index} differs: {parts}"
-    if len(set(counts)) > 1:
-        return f"variable counts differ: {counts} (by rank)"
-    return None
-
-
 def check_same_variables(variables: Sequence[Any], what: str,
                          process_set: Optional[ProcessSet] = None) -> None:
-    """Raise MismatchError on every rank if the ranks' variables differ in count,
-    shape or dtype (an eager exchange: at trace time inside tf.function)."""
-    specs = variable_specs(variables)
-    every = _hvd.allgather_object(specs, name=f"{what}.variable_check", process_set=process_set)
-    problem = _describe(every)
-    if problem:
-        raise MismatchError(f"rank {_hvd.rank()}: {what}: the ranks' variables differ, so "
-                            f"they cannot be trained together: {problem}. Build the same "
-                            "model on every rank.")
+    """MismatchError on every rank if the ranks' variables differ in count, shape
+    or dtype (an eager exchange: at trace time inside tf.function)."""
+    variable_check.check_same_variables(variable_specs(variables), what, process_set)
 
 
 @graph.entry_point
