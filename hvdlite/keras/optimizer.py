@@ -105,11 +105,13 @@ class _Distributed:
             if grad is not None:
                 accumulator.assign_add(_dense(grad))
         self._hvdlite_passes.assign_add(1)
-        scale = 1.0 / settings.passes if settings.average_aggregated else 1.0
+        # Divide by k (exact in any float type); a Python scale 1/k would be cast to
+        # floatx first and round in float32.
+        divisor = float(settings.passes) if settings.average_aggregated else 1.0
         plain_apply = super().apply
 
         def update() -> None:
-            total = [keras.ops.multiply(a.value, scale) for a in accumulators]
+            total = [keras.ops.divide(a.value, divisor) for a in accumulators]
             plain_apply(self._hvdlite_reduce(total, variables), variables)
             for accumulator in accumulators:
                 accumulator.assign(keras.ops.zeros_like(accumulator.value))
