@@ -1,4 +1,5 @@
-# make demo: multi-rank training (a CNN on the digits data set) on this machine.  make test: every test.
+# make demo (torch) / make demo-keras (Keras 3 on TensorFlow): multi-rank training of a CNN on
+# the digits data set on this machine.  make test: every test.
 # Both create .venv (Python 3.11 + pip is all they need) and install pinned versions.
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,17 +10,20 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install demo test test-unit test-slurm test-mpi bench clean
+.PHONY: install demo demo-keras test test-unit test-slurm test-mpi bench clean
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,examples,test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test]'
 	touch $@
 
 demo: install
 	$(MPIEXEC) -n $(NP) $(PY) examples/pytorch_digits.py
+
+demo-keras: install
+	$(MPIEXEC) -n $(NP) $(PY) examples/keras_digits.py
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit tests/integration

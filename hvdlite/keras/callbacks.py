@@ -2,9 +2,11 @@
 
 Learning rates are set on the optimizer's learning-rate variable, which the
 compiled train step reads at run time. Momentum correction (scaling momentum by
-new_lr / old_lr for the step after a change) sets ``optimizer.momentum``; Keras
-3 reads that Python float when it traces the train step, so the correction
-takes effect where the step runs eagerly (the torch backend, run_eagerly=True).
+new_lr / old_lr for the step after a change) sets ``optimizer.momentum``, a
+Python float that Keras 3 reads when it traces the train step: a compiled step
+would keep whatever value it saw when traced, for good. So the correction is
+applied only where the step runs eagerly (the torch backend without
+jit_compile, or run_eagerly=True), and skipped in a compiled step.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import keras
 import numpy as np
 
 import hvdlite as _hvd
+from hvdlite.keras.backend import BACKEND
 from hvdlite.keras.variables import broadcast_variables
 
 
@@ -90,9 +93,16 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         old, new = _learning_rate(optimizer), self.initial_lr * self.multiplier(epoch)
         optimizer.learning_rate = new
         momentum = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and isinstance(momentum, float) and old > 0 and new != old:
+        if self.momentum_correction and self._step_is_eager() and isinstance(momentum, float) \
+                and old > 0 and new != old:
             self._restore_momentum = momentum
             optimizer.momentum = momentum * new / old
+
+    def _step_is_eager(self) -> bool:
+        model = self.model
+        if getattr(model, "run_eagerly", False):
+            return True
+        return BACKEND == "torch" and not getattr(model, "jit_compile", False)
 
     def _steps(self) -> int:
         steps = self.steps_per_epoch or (self.params or {}).get("steps")
