@@ -1,4 +1,5 @@
-# make demo: multi-rank training (a CNN on the digits data set) on this machine.  make test: every test.
+# make demo (torch) / make demo-keras (Keras 3 on TensorFlow): multi-rank training of a CNN on
+# the digits data set on this machine.  make test: every test.
 # Both create .venv (Python 3.11 + pip is all they need) and install pinned versions.
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,17 +10,20 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install demo test test-unit test-slurm test-mpi bench clean
+.PHONY: install demo demo-keras test test-unit test-slurm test-mpi bench clean
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,examples,test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test]'
 	touch $@
 
 demo: install
 	$(MPIEXEC) -n $(NP) $(PY) examples/pytorch_digits.py
+
+demo-keras: install
+	$(MPIEXEC) -n $(NP) $(PY) examples/keras_digits.py
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit tests/integration
@@ -32,10 +36,16 @@ test-slurm: install
 # Overlapping process sets ([0,1] and [1,2]) need three ranks: those files also run at -n 3.
 OVERLAP_TESTS := tests/mpi/test_unnamed_ops.py tests/mpi/test_process_set_registry.py
 
+# Keras on the torch backend needs KERAS_BACKEND=torch before keras is imported: its own runs
+# (in the runs above the file skips itself).
+KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py
+
 test-mpi: install
 	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
 	$(RUN_LIMIT) $(MPIEXEC) -n 3 $(MPI_PYTEST) $(OVERLAP_TESTS)
 	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
+	KERAS_BACKEND=torch $(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) $(KERAS_TORCH_TESTS)
+	KERAS_BACKEND=torch $(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) $(KERAS_TORCH_TESTS)
 
 test: test-unit test-slurm test-mpi
 

@@ -50,6 +50,12 @@ class TensorAdapter:
         """Make the framework's current stream wait on a result's fence (an event
         the engine recorded after writing it), so no host synchronisation is needed."""
 
+    def inplace_done(self, tensor: Any, result: Any) -> Any:
+        """An in-place op on ``tensor`` completed with ``result`` (the array it wrote).
+        Frameworks whose arrays are views of tensor memory have nothing to do; one
+        whose ``to_array`` gives a copy (TensorFlow variables) stores ``result`` here."""
+        return tensor
+
     def dtype_name(self, tensor: Any) -> str:
         raise NotImplementedError
 

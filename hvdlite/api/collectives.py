@@ -24,7 +24,7 @@ def _returning(adapter: TensorAdapter, tensor: Any, inplace: bool) -> Finish:
     """What synchronize returns: the caller's tensor for in-place ops, else the
     result array as the adapter's tensor."""
     if inplace:
-        return lambda _: tensor
+        return lambda result: adapter.inplace_done(tensor, result)
     return None if adapter.framework == "numpy" else adapter.from_array
 
 

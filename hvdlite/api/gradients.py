@@ -38,17 +38,53 @@ def plan_groups(keys: Sequence[Key], groups: Groups,
     return {k: g for g, group in enumerate(members) for k in group}, members
 
 
+def check_settings(passes_per_step: int, op: int, predivide: float) -> None:
+    """The DistributedOptimizer arguments every framework refuses alike."""
+    if passes_per_step < 1:
+        raise UsageError("backward_passes_per_step must be >= 1")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise UsageError("DistributedOptimizer reduces gradients with op=Average or Sum")
+    if predivide != 1.0 and op != ReduceOp.AVERAGE:
+        raise UsageError("gradient_predivide_factor needs op=Average")
+
+
+def scaled_op(op: int, predivide: float,
+              process_set: Optional[ProcessSet]) -> tuple[int, float, float]:
+    """(op, prescale, postscale): with a predivide factor, Average becomes Sum with
+    the division split around the sum (Horovod's gradient_predivide_factor)."""
+    if predivide == 1.0:
+        return op, 1.0, 1.0
+    size = process_set.size() if process_set else runtime.size()
+    return ReduceOp.SUM, 1.0 / predivide, predivide / size
+
+
+def reduce_all(grouped_allreduce: Callable[..., list[Any]], grads: Sequence[Any], base: str,
+               compression: type[Compressor], op: int, predivide: float,
+               groups: tuple[dict[Key, int], list[list[Key]]],
+               process_set: Optional[ProcessSet]) -> list[Any]:
+    """Reduce a whole list of gradients at once (frameworks that see every gradient
+    together: a Keras optimizer, a gradient tape). Keys are list positions; each
+    group from ``plan_groups`` is one grouped op, the rest one more."""
+    op, prescale, postscale = scaled_op(op, predivide, process_set)
+    group_of, members = groups
+    batches = [list(m) for m in members] + [[i for i in range(len(grads)) if i not in group_of]]
+    reduced: list[Any] = list(grads)
+    for number, batch in enumerate(b for b in batches if b):
+        results = grouped_allreduce([grads[i] for i in batch], name=f"{base}.{number}",
+                                    compression=compression, op=op,
+                                    prescale_factor=prescale, postscale_factor=postscale,
+                                    process_set=process_set)
+        for i, result in zip(batch, results):
+            reduced[i] = result
+    return reduced
+
+
 class GradientReducer:
     def __init__(self, ops: dict[str, Callable[..., Any]], names: dict[Key, str],
                  compression: type[Compressor], passes_per_step: int, op: int,
                  predivide: float, process_set: Optional[ProcessSet],
                  groups: tuple[dict[Key, int], list[list[Key]]]) -> None:
-        if passes_per_step < 1:
-            raise UsageError("backward_passes_per_step must be >= 1")
-        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-            raise UsageError("DistributedOptimizer reduces gradients with op=Average or Sum")
-        if predivide != 1.0 and op != ReduceOp.AVERAGE:
-            raise UsageError("gradient_predivide_factor needs op=Average")
+        check_settings(passes_per_step, op, predivide)
         self._allreduce_async_ = ops["allreduce_async_"]
         self._synchronize = ops["synchronize"]
         self.names = names
@@ -83,10 +119,7 @@ class GradientReducer:
     def submit(self, key: Key, grad: Any) -> None:
         """Start the in-place allreduce of ``grad`` (compressed on the wire)."""
         wire, context = self._compression.compress(grad)
-        op, prescale, postscale = self._op, 1.0, 1.0
-        if self._predivide != 1.0:   # Average as Sum, split the division around the sum
-            size = self._process_set.size() if self._process_set else runtime.size()
-            op, prescale, postscale = ReduceOp.SUM, 1.0 / self._predivide, self._predivide / size
+        op, prescale, postscale = scaled_op(self._op, self._predivide, self._process_set)
         handle = self._allreduce_async_(wire, name=f"allreduce.{self.names[key]}", op=op,
                                         prescale_factor=prescale, postscale_factor=postscale,
                                         process_set=self._process_set)

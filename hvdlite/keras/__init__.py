@@ -1,0 +1,17 @@
+"""``import hvdlite.keras as hvd``: Horovod's Keras API on hvdlite, for Keras 3
+on the TensorFlow backend (collectives on tf tensors, also inside model.fit's
+compiled train step) and on the torch backend (``KERAS_BACKEND=torch``).
+Other backends are refused at import, naming the supported ones.
+"""
+import hvdlite as _hvd
+from hvdlite.api.binding import OP_NAMES as _OP_NAMES
+from hvdlite.keras.backend import OPS as _OPS
+from hvdlite.keras import callbacks
+from hvdlite.keras.optimizer import DistributedOptimizer, load_model
+from hvdlite.keras.variables import broadcast_variables
+
+globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES})
+globals().update(_OPS)
+
+__all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
+    "DistributedOptimizer", "load_model", "callbacks", "broadcast_variables"]

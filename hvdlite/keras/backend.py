@@ -1,0 +1,45 @@
+"""What differs between the Keras backends hvdlite.keras supports: the tensor
+binding whose collectives reduce the gradients, and how a gradient list is
+reduced. Any other backend is refused here, at import."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import keras
+
+SUPPORTED = ("tensorflow", "torch")
+BACKEND = keras.backend.backend()
+
+
+class UnsupportedBackendError(ImportError):
+    """hvdlite.keras was imported with a Keras backend it does not support."""
+
+
+if BACKEND not in SUPPORTED:
+    raise UnsupportedBackendError(
+        f"hvdlite.keras supports the Keras backends {' and '.join(SUPPORTED)}; this Keras "
+        f"runs on '{BACKEND}'. Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch before "
+        "importing keras (for JAX, hvdlite has no binding yet).")
+
+if BACKEND == "tensorflow":
+    from hvdlite.tensorflow.ops import OPS
+else:
+    from hvdlite.torch.ops import OPS
+
+
+def make_reducer(what: str, **settings: Any) -> Callable[[Sequence[Any], Sequence[Any]], list]:
+    """``reduce(grads, variables) -> averaged grads`` for this backend."""
+    if BACKEND == "tensorflow":
+        from hvdlite.tensorflow.gradients import GradientAverager
+        return GradientAverager(what, **settings)
+    from hvdlite.keras.torch_reduce import TorchGradientAverager
+    return TorchGradientAverager(what, **settings)
+
+
+def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """On TensorFlow, keep AutoGraph out of hvdlite's code and let its errors
+    through unchanged (see hvdlite.tensorflow.graph); nothing to do on torch."""
+    if BACKEND == "tensorflow":
+        from hvdlite.tensorflow.graph import entry_point as tf_entry_point
+        return tf_entry_point(fn)
+    return fn

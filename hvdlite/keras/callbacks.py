@@ -1,0 +1,155 @@
+"""Horovod's Keras callbacks, with Horovod's names, arguments and formulas.
+
+Learning rates are set on the optimizer's learning-rate variable, which the
+compiled train step reads at run time. Momentum correction (scaling momentum by
+new_lr / old_lr for the step after a change) sets ``optimizer.momentum``, a
+Python float that Keras 3 reads when it traces the train step: a compiled step
+would keep whatever value it saw when traced, for good. So the correction is
+applied only where the step runs eagerly (the torch backend without
+jit_compile, or run_eagerly=True), and skipped in a compiled step.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import keras
+import numpy as np
+
+import hvdlite as _hvd
+from hvdlite.keras.backend import BACKEND
+from hvdlite.keras.variables import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Make every rank start from ``root_rank``'s model and optimizer state. It
+    runs when training begins (Keras 3 builds the optimizer before that), so the
+    first step already uses the same weights everywhere."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if self.broadcast_done:
+            return
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        variables = list(model.variables)
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(model.trainable_variables)
+            variables += list(optimizer.variables)
+        broadcast_variables(variables, self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace every numeric entry of the epoch's logs by its mean over ranks.
+    Put it before callbacks that read the logs (checkpoints, early stopping)."""
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and
+                      np.issubdtype(np.asarray(v).dtype, np.number))
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = _hvd.allreduce(values, name=f"MetricAverageCallback.{epoch}",
+                                  op=_hvd.Average)
+        logs.update({k: float(v) for k, v in zip(keys, averaged)})
+
+
+def _learning_rate(optimizer: Any) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch;
+    at each epoch's start (staircase) or each batch with a fractional epoch
+    ``epoch + batch / steps_per_epoch``. ``multiplier`` is a number or a function."""
+
+    def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
+                 start_epoch: int = 0, end_epoch: Optional[int] = None,
+                 staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None) -> None:
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        self._restore_momentum: Optional[float] = None
+
+    def _in_range(self, epoch: int) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _adjust(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old, new = _learning_rate(optimizer), self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new
+        momentum = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and self._step_is_eager() and isinstance(momentum, float) \
+                and old > 0 and new != old:
+            self._restore_momentum = momentum
+            optimizer.momentum = momentum * new / old
+
+    def _step_is_eager(self) -> bool:
+        model = self.model
+        if getattr(model, "run_eagerly", False):
+            return True
+        return BACKEND == "torch" and not getattr(model, "jit_compile", False)
+
+    def _steps(self) -> int:
+        steps = self.steps_per_epoch or (self.params or {}).get("steps")
+        if not steps:
+            raise _hvd.UsageError(f"{type(self).__name__} needs steps_per_epoch when Keras "
+                                  "does not know the number of steps per epoch")
+        return int(steps)
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self.current_epoch = epoch
+        if self.staircase and self._in_range(epoch):
+            self._adjust(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        if not self.staircase and self._in_range(self.current_epoch):
+            self._adjust(self.current_epoch + batch / self._steps())
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if self._restore_momentum is not None:
+            self.model.optimizer.momentum = self._restore_momentum
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if logs is not None:
+            logs["lr"] = _learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Goyal et al.'s gradual warmup, as Horovod: over ``warmup_epochs`` the rate
+    goes from initial_lr / size to initial_lr, following
+    lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)
+    with a fractional epoch, adjusted every batch."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            size = _hvd.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1 and self.verbose and _hvd.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_learning_rate(self.model.optimizer):g}.")

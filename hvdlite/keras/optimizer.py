@@ -1,0 +1,197 @@
+"""Horovod's Keras ``DistributedOptimizer`` for Keras 3, and ``load_model``.
+
+Keras 3 optimizers have no ``get_gradients``: every update goes through
+``apply(grads, variables)`` (``apply_gradients`` calls it; model.fit's train
+step calls one or the other). The wrapper is a subclass of the user's optimizer
+class, created per call, whose ``apply`` averages the gradients across ranks
+first. It keeps the wrapped class's name and ``get_config``, so it serialises
+with the model like the plain optimizer, and ``load_model`` re-wraps it.
+
+``backward_passes_per_step=k`` accumulates k local gradients in optimizer
+variables and reduces and applies them on every k-th call (``ops.cond``, so it
+also works inside the compiled train step); ``optimizer.iterations`` counts
+applied updates, as in Horovod.
+
+Collectives run as ``tf.py_function`` inside the train step, which XLA cannot
+compile, so a model compiled with ``jit_compile=True`` (or "auto" resolving to
+True, on a GPU) runs its train step without XLA when its optimizer is
+distributed; rank 0 says so once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Optional, Sequence
+
+import keras
+from keras.src.trainers.trainer import Trainer
+from keras.src.utils import tracking
+
+import hvdlite as _hvd
+from hvdlite.api import runtime
+from hvdlite.api.adapter import _describe
+from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.gradients import Groups, check_settings
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.keras.backend import entry_point, make_reducer
+
+_log = logging.getLogger("hvdlite")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    name: Optional[str] = None
+    compression: type[Compressor] = Compression.none
+    sparse_as_dense: bool = False
+    passes: int = 1
+    average_aggregated: bool = False
+    op: int = _hvd.Average
+    predivide: float = 1.0
+    groups: Any = None
+    process_set: Optional[ProcessSet] = None
+
+
+class _Distributed:
+    """Mixed in before the user's optimizer class (see ``distributed_class``)."""
+    _hvdlite: Settings = Settings()
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, variables: Sequence[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        if self._hvdlite.passes > 1:   # local accumulation, in optimizer state
+            self._hvdlite_accumulators = [
+                self.add_variable_from_reference(v, name="hvdlite_accumulator")
+                for v in variables]
+            self._hvdlite_passes = self.add_variable(shape=(), dtype="int64",
+                                                     initializer="zeros",
+                                                     name="hvdlite_passes")
+
+    def _hvdlite_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        reducer = self.__dict__.get("_hvdlite_reducer")
+        if reducer is None:
+            s = self._hvdlite
+            reducer = make_reducer(
+                s.name or f"Distributed{type(self).__name__}", compression=s.compression,
+                sparse_as_dense=s.sparse_as_dense, op=s.op, predivide=s.predivide,
+                groups=s.groups, process_set=s.process_set)
+            self.__dict__["_hvdlite_reducer"] = reducer
+        return reducer(grads, variables)
+
+    @entry_point
+    def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise UsageError("apply(grads) without variables needs a built optimizer; "
+                                 "pass the variables or call optimizer.build(variables)")
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+        if self._hvdlite.passes == 1:
+            return super().apply(self._hvdlite_reduce(grads, variables), variables)
+        return self._hvdlite_accumulate(grads, variables)
+
+    def _hvdlite_accumulate(self, grads: list[Any], variables: list[Any]) -> None:
+        settings = self._hvdlite
+        accumulators = [self._hvdlite_accumulators[self._get_variable_index(v)]
+                        for v in variables]
+        for accumulator, grad in zip(accumulators, grads):
+            if grad is not None:
+                accumulator.assign_add(_dense(grad))
+        self._hvdlite_passes.assign_add(1)
+        # Divide by k (exact in any float type); a Python scale 1/k would be cast to
+        # floatx first and round in float32.
+        divisor = float(settings.passes) if settings.average_aggregated else 1.0
+        plain_apply = super().apply
+
+        def update() -> None:
+            total = [keras.ops.divide(a.value, divisor) for a in accumulators]
+            plain_apply(self._hvdlite_reduce(total, variables), variables)
+            for accumulator in accumulators:
+                accumulator.assign(keras.ops.zeros_like(accumulator.value))
+
+        due = keras.ops.equal(keras.ops.mod(self._hvdlite_passes.value, settings.passes), 0)
+        keras.ops.cond(due, update, lambda: None)
+
+
+def _dense(grad: Any) -> Any:
+    """IndexedSlices (TensorFlow) become dense to be accumulated."""
+    if type(grad).__name__ == "IndexedSlices":
+        return keras.ops.convert_to_tensor(grad)
+    return grad
+
+
+def distributed_class(base: type, settings: Settings) -> type:
+    """The user's optimizer class with gradient averaging mixed in; same name and
+    module, so the saved config names the plain class."""
+    return type(base.__name__, (_Distributed, base),
+                {"_hvdlite": settings, "__module__": base.__module__,
+                 "__qualname__": base.__qualname__})
+
+
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, op: int = _hvd.Average,
+                         gradient_predivide_factor: float = 1.0, groups: Groups = None,
+                         process_set: Optional[ProcessSet] = _hvd.global_process_set) -> Any:
+    """A copy of ``optimizer`` (same class and config, fresh state) whose updates
+    use gradients averaged across ranks. ``name`` prefixes the collectives' names."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise HvdliteTypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
+                               f"(keras.optimizers.Optimizer); got {_describe(optimizer)}")
+    if isinstance(optimizer, _Distributed):
+        raise UsageError("this optimizer is already a DistributedOptimizer")
+    runtime.engine("hvdlite.keras.DistributedOptimizer()")   # NotInitializedError
+    check_settings(backward_passes_per_step, op, gradient_predivide_factor)
+    settings = Settings(name, compression or Compression.none, sparse_as_dense,
+                        backward_passes_per_step, average_aggregated_gradients, op,
+                        gradient_predivide_factor, groups, process_set)
+    return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
+
+
+def _keras_optimizer_classes() -> list[type]:
+    skip = (keras.optimizers.Optimizer, keras.optimizers.LossScaleOptimizer)
+    return [c for c in vars(keras.optimizers).values()
+            if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)
+            and c not in skip]
+
+
+def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
+               custom_objects: Optional[dict[str, Any]] = None,
+               compression: type[Compressor] = Compression.none) -> keras.Model:
+    """``keras.models.load_model`` whose optimizer comes back as a
+    DistributedOptimizer (with its saved state), for Keras' optimizers and
+    ``custom_optimizers``."""
+    settings = Settings(compression=compression or Compression.none)
+    objects: dict[str, Any] = {
+        cls.__name__: distributed_class(cls, settings)
+        for cls in _keras_optimizer_classes() + list(custom_optimizers or [])}
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)
+
+
+# -- XLA: collectives cannot live inside an XLA cluster ---------------------------------------
+_plain_jit_compile = Trainer.jit_compile
+_warned_xla = []
+
+
+def _jit_compile(model: Any) -> Any:
+    value = _plain_jit_compile.fget(model)
+    if value and isinstance(getattr(model, "optimizer", None), _Distributed):
+        if not _warned_xla and _hvd.is_initialized() and _hvd.rank() == 0:
+            _log.warning("hvdlite.keras: the train step runs without XLA (jit_compile=False) "
+                         "because its DistributedOptimizer's collectives cannot be compiled "
+                         "by XLA.")
+        _warned_xla.append(True)
+        return False
+    return value
+
+
+Trainer.jit_compile = property(_jit_compile, _plain_jit_compile.fset)

@@ -1,0 +1,37 @@
+"""Broadcasting Keras variables from a root rank, on either backend."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import keras
+import numpy as np
+
+import hvdlite as _hvd
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.variable_check import check_same_variables
+from hvdlite.keras.backend import BACKEND
+
+
+def _specs(variables: Sequence[Any]) -> list[tuple[str, tuple, str]]:
+    return [(str(getattr(v, "path", None) or f"#{i}"), tuple(v.shape), str(v.dtype))
+            for i, v in enumerate(variables)]
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int,
+                        process_set: Optional[ProcessSet] = None) -> None:
+    """Overwrite every rank's variables (Keras variables, or tf.Variables on the
+    TensorFlow backend) with ``root_rank``'s. On the TensorFlow backend this also
+    works inside tf.function; on torch it runs eagerly, as Keras does there."""
+    variables = list(variables)
+    if BACKEND == "tensorflow":
+        from hvdlite.tensorflow.functions import broadcast_variables as tf_broadcast
+        return tf_broadcast(variables, root_rank, process_set)
+    check_same_variables(_specs(variables), "broadcast_variables", process_set)
+    arrays = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    handles = [_hvd.broadcast_async_(a, root_rank, name=f"broadcast_variables.{i}.{spec[0]}",
+                                     process_set=process_set)
+               for i, (a, spec) in enumerate(zip(arrays, _specs(variables)))]
+    for variable, array, handle in zip(variables, arrays, handles):
+        _hvd.synchronize(handle)
+        variable.assign(array)
+    return None

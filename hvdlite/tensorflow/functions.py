@@ -1,0 +1,67 @@
+"""Start-of-training synchronization of TensorFlow variables, and the check that
+every rank trains the same variables (which keeps a model that differs across
+ranks from hanging in a collective that some rank never submits)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+import hvdlite as _hvd
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.api import variable_check
+from hvdlite.tensorflow import graph
+from hvdlite.tensorflow.adapter import TENSORFLOW
+from hvdlite.tensorflow.ops import OPS
+
+
+def variable_name(variable: Any, index: int) -> str:
+    """A readable, rank-independent label: Keras' path, else the tf name."""
+    name = getattr(variable, "path", None) or getattr(variable, "name", None) or f"#{index}"
+    return str(name).removesuffix(":0")
+
+
+def variable_specs(variables: Sequence[Any]) -> list[variable_check.Spec]:
+    return [(variable_name(v, i), tuple(tf.TensorShape(v.shape).as_list()),
+             tf.as_dtype(v.dtype).name) for i, v in enumerate(variables)]
+
+
+def check_same_variables(variables: Sequence[Any], what: str,
+                         process_set: Optional[ProcessSet] = None) -> None:
+    """MismatchError on every rank if the ranks' variables differ in count, shape
+    or dtype (an eager exchange: at trace time inside tf.function)."""
+    variable_check.check_same_variables(variable_specs(variables), what, process_set)
+
+
+@graph.entry_point
+def broadcast_variables(variables: Sequence[Any], root_rank: int,
+                        process_set: Optional[ProcessSet] = None) -> None:
+    """Overwrite every rank's variables with ``root_rank``'s (tf.Variables or Keras
+    variables), eagerly or inside tf.function (e.g. on the first training step)."""
+    variables = list(variables)
+    for variable in variables:
+        TENSORFLOW.require(variable, "broadcast_variables")
+    check_same_variables(variables, "broadcast_variables", process_set)
+    names = [f"broadcast_variables.{i}.{variable_name(v, i)}" for i, v in enumerate(variables)]
+    if graph.eager():
+        handles = [OPS["broadcast_async_"](v, root_rank, name=n, process_set=process_set)
+                   for v, n in zip(variables, names)]
+        for handle in handles:
+            OPS["synchronize"](handle)     # assigns the root's value (adapter.inplace_done)
+        return
+    for variable, name in zip(variables, names):
+        variable.assign(OPS["broadcast"](variable, root_rank, name=name,
+                                         process_set=process_set))
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
+                     name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> Any:
+    """``root_rank``'s ``obj`` on every rank (``session`` accepted for Horovod)."""
+    return _hvd.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> list[Any]:
+    """Every rank's ``obj`` in rank order (``session`` accepted for Horovod)."""
+    return _hvd.allgather_object(obj, name, process_set)

@@ -1,0 +1,80 @@
+"""Averaging a list of TensorFlow gradients across ranks, eager or inside
+tf.function: what DistributedGradientTape and the Keras DistributedOptimizer
+(TensorFlow backend) do with the gradients they are given.
+
+Dense gradients go through ``hvdlite.api.gradients.reduce_all`` (groups,
+compression, gradient_predivide_factor), one grouped op per group so a whole
+step is one py_function per group inside a graph. ``tf.IndexedSlices`` (an
+Embedding's gradient) are reduced by allgather, or densified first with
+``sparse_as_dense=True``. A missing gradient (None) takes part as zeros, so a
+rank whose loss does not reach some variable still matches the others.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+import hvdlite as _hvd
+from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.gradients import Groups, check_settings, plan_groups, reduce_all
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.errors import UsageError
+from hvdlite.tensorflow.functions import check_same_variables, variable_specs
+from hvdlite.tensorflow.ops import OPS
+
+
+@dataclasses.dataclass
+class GradientAverager:
+    """The settings of one DistributedGradientTape or DistributedOptimizer."""
+    what: str                                   # names the ops and the error messages
+    compression: type[Compressor] = Compression.none
+    sparse_as_dense: bool = False
+    op: int = _hvd.Average
+    predivide: float = 1.0
+    groups: Groups = None
+    process_set: Optional[ProcessSet] = None
+    checked: set = dataclasses.field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        check_settings(1, self.op, self.predivide)
+        if self.compression is None:
+            self.compression = Compression.none
+
+    def check_variables(self, variables: Sequence[Any]) -> None:
+        """Once per distinct variable list: the same variables on every rank,
+        else a MismatchError everywhere (instead of a hang on a missing op)."""
+        key = tuple(variable_specs(variables))
+        if key not in self.checked:
+            check_same_variables(variables, self.what, self.process_set)
+            self.checked.add(key)
+
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        grads = list(grads)
+        if len(grads) != len(variables):
+            raise UsageError(f"{self.what}: {len(grads)} gradients for {len(variables)} "
+                             "variables")
+        self.check_variables(variables)
+        grads = [self._densify(g, v) for g, v in zip(grads, variables)]
+        dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
+        by_id = {id(variables[i]): n for n, i in enumerate(dense)}
+        plan = plan_groups(list(range(len(dense))), self.groups,
+                           key_of=lambda v: by_id[id(v)])
+        reduced = reduce_all(OPS["grouped_allreduce"], [grads[i] for i in dense],
+                             f"{self.what}.grads", self.compression, self.op, self.predivide,
+                             plan, self.process_set) if dense else []
+        for i, value in zip(dense, reduced):
+            grads[i] = value
+        for i, grad in enumerate(grads):
+            if isinstance(grad, tf.IndexedSlices):
+                grads[i] = OPS["allreduce"](grad, name=f"{self.what}.sparse.{i}", op=self.op,
+                                            process_set=self.process_set)
+        return grads
+
+    def _densify(self, grad: Any, variable: Any) -> Any:
+        if grad is None:
+            return tf.zeros(variable.shape, dtype=tf.as_dtype(variable.dtype))
+        if isinstance(grad, tf.IndexedSlices) and self.sparse_as_dense:
+            return tf.convert_to_tensor(grad)
+        return grad

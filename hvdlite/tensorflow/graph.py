@@ -1,0 +1,85 @@
+"""Running eager collectives from inside ``tf.function``.
+
+A collective is a blocking Python call, so inside a graph it runs as a
+``tf.py_function`` (stateful: tf.function's automatic control dependencies then
+run the collectives of one function in program order on every rank, so two of
+them can never wait on each other from different TensorFlow threads).
+
+Names must match across ranks. ``tf.py_function`` bodies run on TensorFlow's
+own threads, whose Python names differ from rank to rank, so the per-thread
+counters that name unnamed eager ops cannot be used there. Every graph-mode op
+is named at trace time instead, from the graph: ``<kind>.<input tensor name>``,
+made unique within the graph. Ranks that trace the same code get the same names,
+even when one rank retraces and another does not.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from hvdlite.errors import HvdliteError
+from hvdlite.tensorflow.adapter import is_keras_variable
+
+
+def eager() -> bool:
+    return tf.executing_eagerly()
+
+
+def as_tensor(value: Any) -> tf.Tensor:
+    """A tensor for a tensor, a tf.Variable's or a Keras variable's current value."""
+    if is_keras_variable(value):
+        value = value.value
+    return tf.convert_to_tensor(value)
+
+
+def graph_name(kind: str, name: Optional[str], tensor: Any) -> Optional[str]:
+    """``name`` as given; unnamed ops: None when eager (the runtime's counters name
+    them), else a name derived from the graph, identical on every rank."""
+    if name is not None or eager():
+        return name
+    source = getattr(tensor, "name", None) or "tensor"
+    base = f"{kind}.{re.sub(r'[^A-Za-z0-9_./-]', '_', source)}"
+    return tf.compat.v1.get_default_graph().unique_name(base, mark_as_used=True)
+
+
+def run(fn: Callable[..., Any], inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType],
+        shapes: Sequence[Any]) -> list[tf.Tensor]:
+    """``fn(*inputs)`` on eager tensors, returning a list: called directly when
+    eager, else as a py_function whose outputs get the given static shapes."""
+    if eager():
+        result = fn(*inputs)
+        return list(result) if isinstance(result, (list, tuple)) else [result]
+
+    def body(*tensors: tf.Tensor) -> list[tf.Tensor]:
+        result = fn(*tensors)
+        return list(result) if isinstance(result, (list, tuple)) else [result]
+    outputs = tf.py_function(body, list(inputs), Tout=list(dtypes), name="HvdliteCollective")
+    for output, shape in zip(outputs, shapes):
+        output.set_shape(shape)
+    return list(outputs)
+
+
+def rows_shape(tensor: tf.Tensor) -> tf.TensorShape:
+    """Static shape of a result whose first dimension varies (allgather, alltoall)."""
+    shape = tensor.shape
+    return tf.TensorShape([None]) if shape.rank == 0 else tf.TensorShape([None]).concatenate(
+        shape[1:])
+
+
+def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A public function of the binding: AutoGraph leaves its body alone (it is
+    Python to run at trace time, not code to convert), and its hvdlite errors
+    reach the caller as themselves rather than as AutoGraph StagingErrors."""
+    plain = tf.autograph.experimental.do_not_convert(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return plain(*args, **kwargs)
+        except HvdliteError as error:
+            error.ag_pass_through = True   # read by AutoGraph's error rewriting
+            raise
+    return call

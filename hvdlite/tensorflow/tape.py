@@ -1,0 +1,55 @@
+"""Horovod's ``DistributedGradientTape``: a ``tf.GradientTape`` whose
+``gradient()`` returns gradients averaged across ranks (eager or in tf.function)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+import hvdlite as _hvd
+from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.gradients import Groups
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.errors import HvdliteTypeError
+from hvdlite.tensorflow import graph
+from hvdlite.tensorflow.gradients import GradientAverager
+
+
+class DistributedGradientTape:
+    """Wraps a tape by composition: recording, ``watch``, ``jacobian``... are the
+    tape's own; ``gradient`` averages the result. ``device_*``, ``num_groups``
+    and ``scale_local_gradients`` are accepted for Horovod (``num_groups`` means
+    ``groups=num_groups``)."""
+
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",
+                 device_sparse: str = "", compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, op: int = _hvd.Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Groups = None, process_set: Optional[ProcessSet] = None,
+                 scale_local_gradients: bool = True) -> None:
+        if not isinstance(gradtape, tf.GradientTape):
+            raise HvdliteTypeError(f"DistributedGradientTape wraps a tf.GradientTape; got "
+                                   f"{type(gradtape).__module__}.{type(gradtape).__name__}")
+        self._tape = gradtape
+        self._averager = GradientAverager(
+            "DistributedGradientTape", compression, sparse_as_dense, op,
+            gradient_predivide_factor, groups if groups is not None else (num_groups or None),
+            process_set)
+
+    def __enter__(self) -> "DistributedGradientTape":
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_tape"], name)
+
+    @graph.entry_point
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
+        # None and IndexedSlices are leaves for tf.nest, so both lists line up.
+        averaged = self._averager(tf.nest.flatten(grads), tf.nest.flatten(sources))
+        return tf.nest.pack_sequence_as(sources, averaged)
