@@ -1,6 +1,6 @@
 """Synthetic-data training throughput, with the command line of Horovod's
 pytorch_synthetic_benchmark.py (models are defined here: torchvision has no
-CPU wheel on this machine).
+CPU wheel on this machine). Trains on the local GPU where there is one.
 
     mpiexec -n 2 python examples/pytorch_synthetic_benchmark.py --model cnn
 """
@@ -60,8 +60,8 @@ def main() -> None:
     parser.add_argument("--num-batches-per-iter", type=int, default=10,
                         help="number of batches per benchmark iteration")
     parser.add_argument("--num-iters", type=int, default=10, help="number of benchmark iterations")
-    parser.add_argument("--no-cuda", action="store_true", default=True,
-                        help="accepted for compatibility; this build trains on the CPU")
+    parser.add_argument("--no-cuda", action="store_true", default=False,
+                        help="train on the CPU even where a GPU is available")
     parser.add_argument("--use-adasum", action="store_true", default=False,
                         help="Adasum is not supported by hvdlite")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -70,17 +70,22 @@ def main() -> None:
         raise SystemExit("hvdlite does not implement Adasum; drop --use-adasum")
 
     hvd.init()
+    cuda = not args.no_cuda and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(hvd.local_device())    # one rank per GPU
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model, shape = build(args.model)
+    device = torch.device("cuda" if cuda else "cpu")
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    data = torch.randn(args.batch_size, *shape)
-    target = torch.randint(0, 1000, (args.batch_size,))
+    data = torch.randn(args.batch_size, *shape, device=device)
+    target = torch.randint(0, 1000, (args.batch_size,), device=device)
 
     def benchmark_step() -> None:
         optimizer.zero_grad()
@@ -92,7 +97,7 @@ def main() -> None:
             print(text, flush=True)
 
     log(f"Model: {args.model}\nBatch size: {args.batch_size}\nNumber of ranks: {hvd.size()} "
-        f"(CPU, {args.threads} thread(s) each)")
+        f"({'GPU' if cuda else f'CPU, {args.threads} thread(s)'} each)")
     log("Running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     log("Running benchmark...")

@@ -76,17 +76,23 @@ def set_ranks(process_set: Optional[ProcessSet]) -> tuple[int, tuple[int, ...]]:
 
 class Call:
     """One collective call: its set, its name, and submission (or a marker)."""
-    __slots__ = ("kind", "set_id", "set_size", "name", "thread")
+    __slots__ = ("kind", "set_id", "set_size", "name", "thread", "engine")
 
     def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet],
                  auto_kind: Optional[str] = None) -> None:
         self.kind = kind
-        self.set_id, ranks = set_ranks(process_set)
-        me = runtime.rank()
-        if self.set_id and me not in ranks:
-            raise UsageError(f"rank {me} is not in process set {self.set_id} (ranks "
-                             f"{list(ranks)}); only its members may call {kind.value} on it")
-        self.set_size = len(ranks)
+        self.engine = runtime.engine("a collective")
+        if process_set is None or process_set is global_process_set:
+            # The common case, taken once per tensor: no rank list, no membership test.
+            self.set_id, self.set_size = 0, runtime.RUNTIME.topology.size
+        else:
+            self.set_id, ranks = set_ranks(process_set)
+            me = runtime.rank()
+            if me not in ranks:
+                raise UsageError(f"rank {me} is not in process set {self.set_id} (ranks "
+                                 f"{list(ranks)}); only its members may call {kind.value} "
+                                 "on it")
+            self.set_size = len(ranks)
         self.thread = ""
         if name is None:
             name, self.thread = runtime.next_name(self.set_id, auto_kind or kind.value)
@@ -101,15 +107,16 @@ class Call:
         desc = Descriptor(self.name, self.kind, thread=self.thread, **fields)
         request = Request(desc, self.set_id, array, output)
         request.writeback = writeback
-        request.ready = ready
+        if ready is not None:
+            request.ready = ready
         if adapter is not None and desc.device != "cpu":
             finish = _unfenced(adapter, finish)
-        return runtime.engine(f"hvdlite.{self.kind.value}()").submit(request, finish)
+        return self.engine.submit(request, finish)
 
     def mark(self, error: BaseException) -> None:
         """Tell every rank, through negotiation, that this rank's call failed."""
         desc = Descriptor(self.name, self.kind, thread=self.thread, error=str(error))
-        runtime.engine().submit(Request(desc, self.set_id))
+        self.engine.submit(Request(desc, self.set_id))
 
 
 def _unfenced(adapter: Any, finish: Optional[Callable[[Any], Any]]) -> Callable[[Any], Any]:
@@ -170,14 +177,20 @@ class Input:
                 f"{what}: unsupported dtype {view.dtype}; hvdlite moves numeric arrays "
                 "(integers, float16/bfloat16/32/64, complex) and bool")
         self.view = view                      # the caller's memory, strides and all
-        self.device = adapter.device(tensor)
+        device = self.device = adapter.device(tensor)
         self.adapter = adapter
-        self.ready = adapter.ready_event(tensor) if self.device != "cpu" else None
-        self.array = view if view.flags.c_contiguous else _contiguous(view, self.device)
+        if device == "cpu":
+            self.ready = None
+            self.array = view if view.flags.c_contiguous else np.ascontiguousarray(view)
+        else:
+            self.ready = adapter.ready_event(tensor)
+            self.array = view if view.flags.c_contiguous else _contiguous(view, device)
 
     def fields(self, array: Any = None) -> dict[str, Any]:
         """The descriptor fields, plus what submit needs for a GPU tensor's streams."""
         array = self.array if array is None else array
+        if self.device == "cpu":
+            return {"dtype": dtype_name(array.dtype), "shape": array.shape}
         return {"dtype": dtype_name(array.dtype), "shape": tuple(array.shape),
                 "device": self.device, "ready": self.ready, "adapter": self.adapter}
 

@@ -134,8 +134,11 @@ class Executor:
                          requests: Sequence[Optional[Request]]) -> None:
         first = group[0]
         device = first.desc.device
-        xp = array_namespace(device)
-        described(device).prepare(device, ready_events(requests))
+        if device == "cpu":
+            xp = np
+        else:
+            xp = array_namespace(device)
+            described(device).prepare(device, ready_events(requests))
         wide = self.chain.reduction_dtype(first.dtype, device)
         op = ReduceOp(first.desc.op)
         size = self._geometry[set_id][1]
