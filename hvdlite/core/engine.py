@@ -17,8 +17,6 @@ User threads only enqueue Requests and wait on handles. Each engine iteration:
 from __future__ import annotations
 
 import collections
-import ctypes
-import dataclasses
 import logging
 import os
 import threading
@@ -29,10 +27,11 @@ from typing import Any, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.core import exit_guard, failure, liveness, stall
+from hvdlite.core import exit_guard, failure, liveness, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
+from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
@@ -41,40 +40,8 @@ from hvdlite.errors import (DuplicateNameError, HvdliteError, PeerLostError, Shu
 
 _log = logging.getLogger("hvdlite")
 _NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
-_PR_SET_TIMERSLACK = 29
 _IDLE_BACKOFF_DOUBLINGS = 3   # idle ticks slow down to at most 8 cycles apart
 _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
-# _await's schedule: spin in slices short enough to notice completion within a
-# few microseconds, and sleep in pauses that start at 20 us (the latency of a
-# wake-up on this kind of VM) and double up to a quarter of the idle cycle.
-_SPIN_SLICE_S = 20e-6
-_FIRST_PAUSE_S = 20e-6
-_LONGEST_PAUSE_FLOOR_S = 50e-6
-
-
-@dataclasses.dataclass
-class _Report:
-    """What one rank sends in a full round."""
-    descs: list
-    shutdown: bool
-
-
-@dataclasses.dataclass
-class _Verdict:
-    """What the coordinator broadcasts after a full round."""
-    responses: list[Response]
-    shutdown_ranks: list[int]
-    stall: str = ""
-
-
-def _precise_sleeps() -> None:
-    """Linux pads every sleep of this thread by its timer slack (50 us by default),
-    which made each short pause in _await cost ~80 us. Ask for 1 us instead."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: sleeps are merely less precise
-        pass
 
 
 class Engine:
@@ -197,10 +164,11 @@ class Engine:
             self._crash(exc)
 
     def _setup(self) -> None:
-        _precise_sleeps()
+        waiting.precise_sleeps()
         self.topology = detect(self._comm)
         self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
         self._liveness = liveness.Liveness(self._comm, self.config)
+        self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting)
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
@@ -221,7 +189,7 @@ class Engine:
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
                     for s, v in zip(members, vectors)]
-        self._await(requests)
+        self._waiter.wait(requests)
         for state, vector in zip(members, vectors):
             if vector[0] & _NO_FULL_ROUND:
                 bits = state.cache.bits_of(vector[1:])
@@ -287,40 +255,6 @@ class Engine:
             vector[0] = _NO_FULL_ROUND
         return vector
 
-    def _await(self, requests: Sequence[MPI.Request]) -> None:
-        """Poll until every round completes, sleeping in growing pauses. While a user
-        thread is blocked in synchronize() the engine busy-polls instead (Testall
-        releases the GIL), for up to HVDLITE_SPIN_TIME per round: that is latency
-        someone is waiting on. Otherwise the CPU belongs to the training thread,
-        which on a core per rank would lose whatever a spinning engine takes.
-        A wait that lasts runs _while_waiting every liveness.TICK_S: the stall
-        inspector, and the check that fails everything if a peer is gone."""
-        requests = list(requests)
-        budget = self.config.spin_time * 1e-6
-        pause = _FIRST_PAUSE_S
-        longest = max(_LONGEST_PAUSE_FLOOR_S, self.config.cycle_time * 1e-3 / 4)
-        started = next_tick = 0.0
-        while not MPI.Request.Testall(requests):
-            if self.handles.waiting and budget > 0:
-                start = time.perf_counter()
-                while time.perf_counter() - start < _SPIN_SLICE_S:
-                    if MPI.Request.Testall(requests):
-                        return
-                budget -= time.perf_counter() - start
-                continue
-            time.sleep(pause)
-            if pause < longest:
-                pause = min(pause * 2, longest)
-                continue
-            # Only a wait that reached the longest pause (about 0.3 ms in) reads the
-            # clock: rounds that complete sooner pay nothing for what follows.
-            now = time.monotonic()
-            if not started:
-                started, next_tick = now, now + liveness.TICK_S
-            elif now >= next_tick:
-                self._while_waiting(started, now)
-                next_tick = now + liveness.TICK_S
-
     def _while_waiting(self, started: float, now: float) -> None:
         """A round has been incomplete for a tick: run what otherwise runs only
         between rounds (the stall inspector), and look for a peer that is gone."""
@@ -354,13 +288,13 @@ class Engine:
 
     def _full_round(self, state: SetState) -> bool:
         now = time.monotonic()
-        report = _Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
+        report = Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
                          self._shutdown_requested and state.set_id == GLOBAL_SET_ID)
-        gathered = liveness.gather(state.comm, report, self._await)
+        gathered = liveness.gather(state.comm, report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
             verdict = self._decide(state, gathered)
-        verdict = liveness.bcast(state.comm, verdict, self._await)
+        verdict = liveness.bcast(state.comm, verdict, self._waiter.wait)
         self._dispatch(state, verdict.responses, cached=False)
         if verdict.shutdown_ranks:
             ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
@@ -373,14 +307,14 @@ class Engine:
             return False
         return True
 
-    def _decide(self, state: SetState, gathered: list[_Report]) -> _Verdict:
+    def _decide(self, state: SetState, gathered: list[Report]) -> Verdict:
         coordinator = state.coordinator
         for rank, report in enumerate(gathered):
             coordinator.ingest(rank, report.descs)
         responses = coordinator.responses()
         message = self._stall_messages.pop(state.set_id, "")
         shutdown = [r for r, report in enumerate(gathered) if report.shutdown]
-        return _Verdict(responses, shutdown, message)
+        return Verdict(responses, shutdown, message)
 
     def _check_stalls(self) -> None:
         """On each coordinator, between rounds. A stall that must become an error
@@ -437,6 +371,7 @@ class Engine:
             self.executor.drain()
             self.config = self.config.replace(**dict(desc.settings))
             self.executor.reconfigure(self.config)
+            self._waiter.config = self.config
             for inspector in self._inspectors.values():
                 inspector.config = self.config
         if request is not None:

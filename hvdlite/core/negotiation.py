@@ -207,3 +207,18 @@ class Coordinator:
             return False
         entry.warned = True
         return True
+
+
+@dataclasses.dataclass
+class Report:
+    """What one rank sends in a full round."""
+    descs: list
+    shutdown: bool
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What the coordinator broadcasts after a full round."""
+    responses: list[Response]
+    shutdown_ranks: list[int]
+    stall: str = ""
