@@ -10,11 +10,13 @@ missing gradient, sparse gradients) stays in the binding.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 from hvdlite.api import runtime
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.compression import Compressor
+from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
 
@@ -77,6 +79,24 @@ def reduce_all(grouped_allreduce: Callable[..., list[Any]], grads: Sequence[Any]
         for i, result in zip(batch, results):
             reduced[i] = result
     return reduced
+
+
+@dataclasses.dataclass
+class AveragerSettings:
+    """The settings of one gradient averager (a DistributedGradientTape, a Keras
+    DistributedOptimizer), shared by every framework's averager."""
+    what: str                                   # names the ops and the error messages
+    compression: type[Compressor] = Compression.none
+    sparse_as_dense: bool = False
+    op: int = ReduceOp.AVERAGE
+    predivide: float = 1.0
+    groups: Groups = None
+    process_set: Optional[ProcessSet] = None
+    checked: set = dataclasses.field(default_factory=set)   # variable lists already compared
+
+    def __post_init__(self) -> None:
+        check_settings(1, self.op, self.predivide)
+        self.compression = self.compression or Compression.none
 
 
 class GradientReducer:

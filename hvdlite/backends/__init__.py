@@ -3,8 +3,8 @@
 Importing this package starts nothing: the MPI-based backends import mpi4py
 in their own modules, which the engine loads only inside ``hvdlite.init()``.
 """
-from hvdlite.backends.base import (Backend, Done, Work, even_counts, offsets,
+from hvdlite.backends.base import (Backend, Done, HostBackend, Work, even_counts, offsets,
                                    segment_bounds, widened_dtype)
 
-__all__ = ["Backend", "Done", "Work", "even_counts", "offsets", "segment_bounds",
+__all__ = ["Backend", "Done", "HostBackend", "Work", "even_counts", "offsets", "segment_bounds",
            "widened_dtype"]

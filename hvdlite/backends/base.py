@@ -88,6 +88,24 @@ class Backend(Protocol):
         rank order) lands in ``out``. ``buf`` may be clobbered."""
 
 
+class HostBackend:
+    """What the MPI-based host backends share: the set's MPI communicator is theirs
+    to use directly, and half types are reduced widened (see widened_dtype)."""
+    name = "host"
+
+    def __init__(self) -> None:
+        self._comms: dict[int, Any] = {}
+
+    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
+        return widened_dtype(dtype)
+
+    def open_set(self, set_id: int, comm: Any) -> None:
+        self._comms[set_id] = comm
+
+    def close_set(self, set_id: int) -> None:
+        self._comms.pop(set_id, None)
+
+
 # MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage
 # for it, so on host backends half types are reduced as float32 (packed with a
 # widening copy). A GPU backend reduces them natively and says so.

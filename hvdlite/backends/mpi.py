@@ -7,33 +7,18 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends.base import DONE, Buffer, Done, offsets, widened_dtype
+from hvdlite.backends.base import DONE, Buffer, Done, HostBackend, offsets
 from hvdlite.reduce_op import ReduceOp
 
 MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
 
 
-class MpiBackend:
+class MpiBackend(HostBackend):
     name = "mpi"
-
-    def __init__(self) -> None:
-        self._comms: dict[int, MPI.Comm] = {}
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
         return device == "cpu"
-
-    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
-        return widened_dtype(dtype)
-
-    def open_set(self, set_id: int, comm: MPI.Comm) -> None:
-        self._comms[set_id] = comm
-
-    def close_set(self, set_id: int) -> None:
-        self._comms.pop(set_id, None)
-
-    def comm(self, set_id: int) -> MPI.Comm:
-        return self._comms[set_id]
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
         comm = self._comms[set_id]

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends.base import DONE, Done, even_counts, segment_bounds, widened_dtype
+from hvdlite.backends.base import DONE, Done, HostBackend, even_counts, segment_bounds
 from hvdlite.reduce_op import ReduceOp
 
 _UFUNCS: dict[ReduceOp, Callable[..., np.ndarray]] = {
@@ -42,28 +42,19 @@ def allgather_schedule(rank: int, size: int) -> list[tuple[int, int]]:
 _RING_KINDS = frozenset({"allreduce", "reducescatter"})
 
 
-class RingBackend:
+class RingBackend(HostBackend):
     """Allreduce and reducescatter on host buffers of at least ``min_bytes``
     (HVDLITE_RING_THRESHOLD under HVDLITE_ALLREDUCE=auto, 0 when chosen outright)."""
     name = "ring"
 
     def __init__(self, chunk_bytes: int, min_bytes: int = 0) -> None:
+        super().__init__()
         self.chunk_bytes = max(64, chunk_bytes)
         self.min_bytes = min_bytes
         self._scratch = np.empty(0, dtype=np.uint8)
-        self._comms: dict[int, MPI.Comm] = {}
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
         return kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
-
-    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
-        return widened_dtype(dtype)
-
-    def open_set(self, set_id: int, comm: MPI.Comm) -> None:
-        self._comms[set_id] = comm
-
-    def close_set(self, set_id: int) -> None:
-        self._comms.pop(set_id, None)
 
     def _scratch_pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
         nbytes = elems * dtype.itemsize

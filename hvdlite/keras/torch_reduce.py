@@ -3,33 +3,17 @@ Python, so the gradients are torch tensors reduced with hvdlite.torch's grouped
 allreduce (the engine fuses them); the settings match the TensorFlow path."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
-import hvdlite as _hvd
-from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups, check_settings, plan_groups, reduce_all
-from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.torch.ops import OPS
 
 
-@dataclasses.dataclass
-class TorchGradientAverager:
-    what: str
-    compression: type[Compressor] = Compression.none
-    sparse_as_dense: bool = False          # Keras' torch backend makes dense gradients
-    op: int = _hvd.Average
-    predivide: float = 1.0
-    groups: Groups = None
-    process_set: Optional[ProcessSet] = None
-    checked: set = dataclasses.field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        check_settings(1, self.op, self.predivide)
-        self.compression = self.compression or Compression.none
+class TorchGradientAverager(AveragerSettings):
+    """Keras' torch backend makes dense gradients (sparse_as_dense is moot)."""
 
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
         specs = tuple((str(v.path), tuple(v.shape), str(v.dtype)) for v in variables)

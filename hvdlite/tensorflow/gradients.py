@@ -11,36 +11,18 @@ rank whose loss does not reach some variable still matches the others.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
-import hvdlite as _hvd
-from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups, check_settings, plan_groups, reduce_all
-from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all
 from hvdlite.errors import UsageError
 from hvdlite.tensorflow.functions import check_same_variables, variable_specs
 from hvdlite.tensorflow.ops import OPS
 
 
-@dataclasses.dataclass
-class GradientAverager:
+class GradientAverager(AveragerSettings):
     """The settings of one DistributedGradientTape or DistributedOptimizer."""
-    what: str                                   # names the ops and the error messages
-    compression: type[Compressor] = Compression.none
-    sparse_as_dense: bool = False
-    op: int = _hvd.Average
-    predivide: float = 1.0
-    groups: Groups = None
-    process_set: Optional[ProcessSet] = None
-    checked: set = dataclasses.field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        check_settings(1, self.op, self.predivide)
-        if self.compression is None:
-            self.compression = Compression.none
 
     def check_variables(self, variables: Sequence[Any]) -> None:
         """Once per distinct variable list: the same variables on every rank,
