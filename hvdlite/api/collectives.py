@@ -8,9 +8,9 @@ import numpy as np
 
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.submission import (Call, GroupHandle, Input, check_reduction, check_root,
-                                    check_scale, guarded, inplace_output, reduce_op,
-                                    set_ranks, synchronize)
+from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
+                                    check_reduction, check_root, check_scale,
+                                    inplace_output, reduce_op, set_ranks, synchronize)
 from hvdlite.api import runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
@@ -23,9 +23,11 @@ Finish = Optional[Callable[[Any], Any]]
 def _returning(adapter: TensorAdapter, tensor: Any, inplace: bool) -> Finish:
     """What synchronize returns: the caller's tensor for in-place ops, else the
     result array as the adapter's tensor."""
+    if adapter.framework == "numpy":
+        return None        # the result array is the caller's array (in place) or the result
     if inplace:
         return lambda result: adapter.inplace_done(tensor, result)
-    return None if adapter.framework == "numpy" else adapter.from_array
+    return adapter.from_array
 
 
 def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool] = None,
@@ -33,8 +35,7 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Optional[ProcessSet] = None, inplace: bool = False) -> int:
     call = Call(Kind.ALLREDUCE, name, process_set, "allreduce_" if inplace else None)
-
-    def build() -> int:
+    try:
         reduction = reduce_op(op, average)
         source = Input(adapter, tensor, "allreduce_" if inplace else "allreduce")
         check_reduction(source, reduction, call.name)
@@ -42,40 +43,44 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
             output, writeback = inplace_output(source, "allreduce_")
         else:
             output, writeback = array_namespace(source.device).empty_like(source.array), None
-        return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
-                           op=int(reduction), **source.fields(),
-                           prescale=check_scale(prescale_factor, "prescale_factor"),
-                           postscale=check_scale(postscale_factor, "postscale_factor"))
-    return guarded(call, build)
+        prescale = check_scale(prescale_factor, "prescale_factor")
+        postscale = check_scale(postscale_factor, "postscale_factor")
+    except ARGUMENT_ERRORS as error:
+        call.mark(error)
+        raise
+    return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
+                       op=int(reduction), prescale=prescale, postscale=postscale,
+                       **source.fields())
 
 
 def allgather_async(adapter: TensorAdapter, tensor: Any, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> int:
     call = Call(Kind.ALLGATHER, name, process_set)
-
-    def build() -> int:
+    try:
         source = Input(adapter, tensor, "allgather")
-        array = source.array.reshape(1) if source.array.ndim == 0 else source.array
-        return call.submit(array, finish=_returning(adapter, tensor, False),
-                           **source.fields(array))
-    return guarded(call, build)
+    except ARGUMENT_ERRORS as error:
+        call.mark(error)
+        raise
+    array = source.array.reshape(1) if source.array.ndim == 0 else source.array
+    return call.submit(array, finish=_returning(adapter, tensor, False), **source.fields(array))
 
 
 def broadcast_async(adapter: TensorAdapter, tensor: Any, root_rank: int,
                     name: Optional[str] = None, process_set: Optional[ProcessSet] = None,
                     inplace: bool = False) -> int:
     call = Call(Kind.BROADCAST, name, process_set, "broadcast_" if inplace else None)
-
-    def build() -> int:
+    try:
         root = check_root(root_rank, call)
         source = Input(adapter, tensor, "broadcast_" if inplace else "broadcast")
         if inplace:
             output, writeback = inplace_output(source, "broadcast_")
         else:
             output, writeback = source.array.copy(), None
-        return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
-                           root=root, **source.fields())
-    return guarded(call, build)
+    except ARGUMENT_ERRORS as error:
+        call.mark(error)
+        raise
+    return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
+                       root=root, **source.fields())
 
 
 def _even_splits(rows: int, size: int, ndim: int) -> tuple[int, ...]:
@@ -103,8 +108,7 @@ def alltoall_async(adapter: TensorAdapter, tensor: Any, splits: Any = None,
     """Horovod's convention: synchronize returns the received tensor, and with
     ``splits`` given, ``(received, received_splits)``."""
     call = Call(Kind.ALLTOALL, name, process_set)
-
-    def build() -> int:
+    try:
         source = Input(adapter, tensor, "alltoall")
         array = source.array
         if splits is None:
@@ -112,31 +116,35 @@ def alltoall_async(adapter: TensorAdapter, tensor: Any, splits: Any = None,
         else:
             array = array.reshape(1) if array.ndim == 0 else array
             chosen = _check_splits(splits, array.shape[0], call.set_size)
-        convert = (lambda a: a) if adapter.framework == "numpy" else adapter.from_array
+    except ARGUMENT_ERRORS as error:
+        call.mark(error)
+        raise
+    convert = (lambda a: a) if adapter.framework == "numpy" else adapter.from_array
 
-        def finish(result: Any) -> Any:
-            received, counts = result
-            return convert(received) if splits is None else (convert(received), convert(counts))
-        return call.submit(array, finish=finish, splits=chosen, **source.fields(array))
-    return guarded(call, build)
+    def finish(result: Any) -> Any:
+        received, counts = result
+        return convert(received) if splits is None else (convert(received), convert(counts))
+    return call.submit(array, finish=finish, splits=chosen, **source.fields(array))
 
 
 def reducescatter_async(adapter: TensorAdapter, tensor: Any, name: Optional[str] = None,
                         op: Optional[int] = None, process_set: Optional[ProcessSet] = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     call = Call(Kind.REDUCESCATTER, name, process_set)
-
-    def build() -> int:
+    try:
         reduction = reduce_op(op)
         source = Input(adapter, tensor, "reducescatter")
         if source.array.ndim == 0:
             raise UsageError("reducescatter needs at least one dimension to scatter")
         check_reduction(source, reduction, call.name)
-        return call.submit(source.array, finish=_returning(adapter, tensor, False),
-                           op=int(reduction), **source.fields(),
-                           prescale=check_scale(prescale_factor, "prescale_factor"),
-                           postscale=check_scale(postscale_factor, "postscale_factor"))
-    return guarded(call, build)
+        prescale = check_scale(prescale_factor, "prescale_factor")
+        postscale = check_scale(postscale_factor, "postscale_factor")
+    except ARGUMENT_ERRORS as error:
+        call.mark(error)
+        raise
+    return call.submit(source.array, finish=_returning(adapter, tensor, False),
+                       op=int(reduction), prescale=prescale, postscale=postscale,
+                       **source.fields())
 
 
 def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[str],

@@ -81,7 +81,9 @@ class Call:
     def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet],
                  auto_kind: Optional[str] = None) -> None:
         self.kind = kind
-        self.engine = runtime.engine("a collective")
+        engine = runtime.RUNTIME.engine
+        self.engine = engine if engine is not None and engine.dead is None else (
+            runtime.engine("a collective"))          # raises the reason
         if process_set is None or process_set is global_process_set:
             # The common case, taken once per tensor: no rank list, no membership test.
             self.set_id, self.set_size = 0, runtime.RUNTIME.topology.size
@@ -128,14 +130,10 @@ def _unfenced(adapter: Any, finish: Optional[Callable[[Any], Any]]) -> Callable[
     return wait_then_finish
 
 
-def guarded(call: Call, build: Callable[[], int]) -> int:
-    """Run ``build`` (checks, conversion, submission); on an argument error, send
-    the marker, then raise on this rank."""
-    try:
-        return build()
-    except (UsageError, HvdliteTypeError) as error:
-        call.mark(error)
-        raise
+# What a call's checks raise for bad arguments: these, and only these, are also
+# sent to the peers as an error marker (a DuplicateNameError from submission is
+# about this rank's own bookkeeping, not an argument, and is raised as it is).
+ARGUMENT_ERRORS = (UsageError, HvdliteTypeError)
 
 
 # -- argument checks (user thread) ---------------------------------------------------------
@@ -168,11 +166,12 @@ def dtype_class(dtype: np.dtype) -> str:
 
 class Input:
     """A tensor's array (contiguous, for sending) and the fields that describe it."""
-    __slots__ = ("array", "view", "device", "adapter", "ready")
+    __slots__ = ("array", "view", "device", "adapter", "ready", "dtype_class")
 
     def __init__(self, adapter: TensorAdapter, tensor: Any, what: str) -> None:
         view = adapter.to_array(adapter.require(tensor, what))
-        if not dtype_class(np.dtype(view.dtype)):
+        self.dtype_class = dtype_class(view.dtype)
+        if not self.dtype_class:
             raise HvdliteTypeError(
                 f"{what}: unsupported dtype {view.dtype}; hvdlite moves numeric arrays "
                 "(integers, float16/bfloat16/32/64, complex) and bool")
@@ -204,17 +203,17 @@ def inplace_output(source: Input, what: str) -> tuple[Any, Any]:
     view = source.view
     if not getattr(view.flags, "writeable", True):   # CuPy arrays have no such flag
         raise HvdliteTypeError(f"{what} writes its result into the tensor, which is read-only")
+    if view.flags.c_contiguous:        # the common case; shared memory is never contiguous
+        return view, None
     if any(stride == 0 and extent > 1 for stride, extent in zip(view.strides, view.shape)):
         raise UsageError(f"{what} cannot write into a tensor whose elements share memory "
                          f"(shape {view.shape}, strides {view.strides}, e.g. an expand()ed "
                          "view); pass a tensor with its own memory, or use the out-of-place op")
-    if view.flags.c_contiguous:
-        return view, None
     return source.array, view      # the staging copy already holds the input
 
 
 def check_reduction(source: Input, op: ReduceOp, name: str) -> None:
-    kind = dtype_class(np.dtype(source.array.dtype))
+    kind = source.dtype_class
     if kind == "bool":
         raise HvdliteTypeError(f"'{name}': cannot reduce bool arrays; cast to an integer type")
     if kind == "complex" and op in (ReduceOp.MIN, ReduceOp.MAX):

@@ -88,7 +88,8 @@ class Engine:
         tensor). An error marker (``request.desc.error``) only tells the other ranks,
         through negotiation, that this rank's call failed; nobody returns its handle.
         """
-        self._await_marker(request.process_set_id, request.desc.name)
+        if self._markers:
+            self._await_marker(request.process_set_id, request.desc.name)
         with self._submit_lock:
             self.raise_if_dead()
             names = self._in_flight.setdefault(request.process_set_id, set())
@@ -183,9 +184,9 @@ class Engine:
     def _iteration(self) -> bool:
         self._wait_for_work()
         self._drain_queue()
-        if self.executor.progress():
+        if self.executor.busy and self.executor.progress():
             self.handles.notify()      # handles completed by asynchronous backend work
-        members = list(self.registry.members())
+        members = self.registry.members()
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
                     for s, v in zip(members, vectors)]

@@ -11,7 +11,7 @@ are never reused: a removed set's id stays retired, so a stale
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Optional
 
 from mpi4py import MPI
 
@@ -41,6 +41,10 @@ class ProcessSetRegistry:
         self._members: dict[int, SetState] = {}      # sets this rank belongs to
         self._ranks: dict[int, tuple[int, ...]] = {}  # every registered set
         self._next_id = GLOBAL_SET_ID
+        self._ordered: list[SetState] = []
+
+    def _reorder(self) -> None:
+        self._ordered = [self._members[i] for i in sorted(self._members)]
 
     # -- reads (any thread: plain dict lookups are atomic under the GIL) --------------------
     def ranks_of(self, set_id: int) -> Optional[tuple[int, ...]]:
@@ -53,9 +57,10 @@ class ProcessSetRegistry:
     def member(self, set_id: int) -> Optional[SetState]:
         return self._members.get(set_id)
 
-    def members(self) -> Iterator[SetState]:
-        """The sets this rank negotiates on, in id order (the same order everywhere)."""
-        return iter([self._members[i] for i in sorted(self._members)])
+    def members(self) -> list[SetState]:
+        """The sets this rank negotiates on, in id order (the same order everywhere).
+        Read several times per engine iteration, so kept sorted, not sorted per call."""
+        return self._ordered
 
     # -- changes (engine thread) --------------------------------------------------------------
     def add(self, ranks: tuple[int, ...], world: MPI.Comm) -> int:
@@ -72,6 +77,7 @@ class ProcessSetRegistry:
             coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
             self._members[set_id] = SetState(set_id, ranks, comm,
                                              ResponseCache(self._cache_capacity), coordinator)
+            self._reorder()
             self._on_open(set_id, comm)
         return set_id
 
@@ -81,6 +87,7 @@ class ProcessSetRegistry:
             return False
         state = self._members.pop(set_id, None)
         if state is not None:
+            self._reorder()
             for request in list(state.pending.values()):
                 fail(request)
             state.pending.clear()
