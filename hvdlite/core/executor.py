@@ -265,16 +265,18 @@ def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,
     return output.reshape(-1) if output is not None and output.flags.c_contiguous else None
 
 
-def _address(array: Any) -> int:
-    """Where an array's data starts (NumPy or CuPy). Compared instead of calling
-    ``shares_memory``, which CuPy answers with a kernel over every element."""
-    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
-    return interface["data"][0]
+def _in_place(xp: Any, source: Any, buf: Any) -> bool:
+    """Whether a lone tensor is already in its output. The two are either the same
+    memory or separate allocations, so NumPy's bounds check decides it; CuPy's
+    shares_memory would run a kernel over every element, so compare pointers."""
+    if xp is np:
+        return np.may_share_memory(source, buf)
+    return source.data.ptr == buf.data.ptr
 
 
 def _pack_one(xp: Any, request: Request, buf: Any, prescale: float) -> None:
     source = request.array.reshape(-1)
-    if source is not buf and _address(source) != _address(buf):   # not reduced in place
+    if not _in_place(xp, source, buf):
         buf[...] = source
     _scale(xp, buf, prescale)
 
