@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX,
                                    ReduceOp.PRODUCT)
+Adasum = ReduceOp.ADASUM
 
 globals().update(_make_ops(_NUMPY))   # allreduce, allreduce_async, ... (see OP_NAMES)
 
@@ -36,7 +37,7 @@ COMMON_NAMES = (
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline",
     "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Compression", "GroupHandle",
+    "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
     "ShutdownError", "PeerLostError",

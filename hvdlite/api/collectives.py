@@ -9,12 +9,13 @@ import numpy as np
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
-                                    check_reduction, check_root, check_scale,
+                                    check_adasum, check_reduction, check_root, check_scale,
                                     inplace_output, reduce_op, set_ranks, synchronize)
 from hvdlite.api import runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
 from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.reduce_op import ReduceOp
 
 # -- the collectives on one adapter's tensors ------------------------------------------------
 Finish = Optional[Callable[[Any], Any]]
@@ -39,6 +40,8 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
         reduction = reduce_op(op, average)
         source = Input(adapter, tensor, "allreduce_" if inplace else "allreduce")
         check_reduction(source, reduction, call.name)
+        if reduction is ReduceOp.ADASUM:
+            check_adasum(source, call.set_size, call.name)
         if inplace:
             output, writeback = inplace_output(source, "allreduce_")
         else:
@@ -137,6 +140,9 @@ def reducescatter_async(adapter: TensorAdapter, tensor: Any, name: Optional[str]
         if source.array.ndim == 0:
             raise UsageError("reducescatter needs at least one dimension to scatter")
         check_reduction(source, reduction, call.name)
+        if reduction is ReduceOp.ADASUM:
+            raise UsageError(f"'{call.name}': reducescatter does not support Adasum "
+                             "(Horovod refuses it too); use allreduce(op=Adasum)")
         prescale = check_scale(prescale_factor, "prescale_factor")
         postscale = check_scale(postscale_factor, "postscale_factor")
     except ARGUMENT_ERRORS as error:

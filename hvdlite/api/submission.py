@@ -148,7 +148,7 @@ def reduce_op(op: Optional[int], average: Optional[bool] = None) -> ReduceOp:
         return ReduceOp(ReduceOp.AVERAGE if op is None else op)
     except ValueError:
         raise UsageError(f"unknown reduction op {op!r}; use one of hvdlite.Average, Sum, "
-                         "Min, Max, Product") from None
+                         "Adasum, Min, Max, Product") from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,6 +219,21 @@ def check_reduction(source: Input, op: ReduceOp, name: str) -> None:
     if kind == "complex" and op in (ReduceOp.MIN, ReduceOp.MAX):
         raise HvdliteTypeError(f"'{name}': {op.name} is undefined for complex dtype "
                                f"{source.array.dtype}")
+
+
+def check_adasum(source: Input, set_size: int, name: str) -> None:
+    """Adasum's limits, refused on the calling thread so every rank raises the same
+    UsageError (Horovod raises NotImplementedError for a non-power-of-two size;
+    UsageError is also a ValueError/RuntimeError, as hvdlite's misuse errors are)."""
+    if source.dtype_class != "float":
+        raise UsageError(f"'{name}': Adasum reduces floating-point tensors only; got "
+                         f"{source.array.dtype}")
+    if source.device != "cpu":
+        raise UsageError(f"'{name}': Adasum runs on CPU tensors only in hvdlite; got a "
+                         f"tensor on {source.device}. Move it to the CPU first")
+    if set_size & (set_size - 1):
+        raise UsageError(f"'{name}': Adasum needs a process set whose size is a power of "
+                         f"two; this one has {set_size} ranks")
 
 
 def check_scale(value: float, label: str) -> float:

@@ -53,9 +53,11 @@ DONE = Done()
 class Backend(Protocol):
     name: str
 
-    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                 op: ReduceOp = ReduceOp.SUM) -> bool:
         """Whether this backend runs ``kind`` ("allreduce", "allgather", "broadcast",
-        "alltoall", "reducescatter") on ``nbytes`` of ``dtype`` on ``device``."""
+        "alltoall", "reducescatter") on ``nbytes`` of ``dtype`` on ``device`` with
+        reduction ``op`` (Adasum is not elementwise: only its own backend runs it)."""
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype reductions of ``dtype`` run in (the fusion buffer's dtype)."""

@@ -17,8 +17,9 @@ MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.M
 class MpiBackend(HostBackend):
     name = "mpi"
 
-    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
-        return device == "cpu"
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                 op: ReduceOp = ReduceOp.SUM) -> bool:
+        return device == "cpu" and op is not ReduceOp.ADASUM
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
         comm = self._comms[set_id]

@@ -55,8 +55,10 @@ class NcclBackend:
         self._enabled = config.gpu_allreduce == "nccl"
         self._staged.configure(config)
 
-    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
-        return self._enabled and device.startswith("cuda") and np.dtype(dtype) in _TYPES
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                 op: ReduceOp = ReduceOp.SUM) -> bool:
+        return (self._enabled and device.startswith("cuda") and np.dtype(dtype) in _TYPES
+                and op is not ReduceOp.ADASUM)
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return np.dtype(dtype)

@@ -53,8 +53,10 @@ class RingBackend(HostBackend):
         self.min_bytes = min_bytes
         self._scratch = np.empty(0, dtype=np.uint8)
 
-    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
-        return kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                 op: ReduceOp = ReduceOp.SUM) -> bool:
+        return (kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
+                and op is not ReduceOp.ADASUM)
 
     def _scratch_pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
         nbytes = elems * dtype.itemsize

@@ -49,8 +49,9 @@ class StagedBackend:
     def configure(self, config: Any) -> None:
         self._ring_from = {"mpi": None, "ring": 0}.get(config.allreduce, config.ring_threshold)
 
-    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> bool:
-        return device.startswith("cuda")
+    def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                 op: ReduceOp = ReduceOp.SUM) -> bool:
+        return device.startswith("cuda") and op is not ReduceOp.ADASUM
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)

@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from hvdlite.backends.adasum import AdasumBackend
 from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.core import devices
+from hvdlite.reduce_op import ReduceOp
 
 
 class BackendChain:
@@ -21,6 +23,7 @@ class BackendChain:
     def __init__(self, config: Any) -> None:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
+        self._adasum = AdasumBackend()
         self._factories: list[Any] = []
         self._extra: list[Any] = []
         self._comms: dict[int, Any] = {}       # open sets, for backends that arrive later
@@ -33,12 +36,14 @@ class BackendChain:
             if hasattr(backend, "configure"):
                 backend.configure(config)
         self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+        # Adasum runs only on its own backend, whatever HVDLITE_ALLREDUCE says.
         host = [self._mpi] if config.allreduce == "mpi" else [self._ring, self._mpi]
+        host = [self._adasum] + host
         self.backends = self._extra + host
         self._picked: dict[tuple, Any] = {}
 
     def every_backend(self) -> list[Any]:
-        return self._extra + [self._ring, self._mpi]
+        return self._extra + [self._adasum, self._ring, self._mpi]
 
     def open_set(self, set_id: int, comm: Any) -> None:
         self._comms[set_id] = comm
@@ -62,14 +67,15 @@ class BackendChain:
                     backend.open_set(set_id, comm)
         self.configure(self._config)
 
-    def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int) -> Any:
+    def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+             op: ReduceOp = ReduceOp.SUM) -> Any:
         for attempt in range(2):
             for backend in self.backends:
-                if backend.supports(kind, dtype, device, nbytes):
+                if backend.supports(kind, dtype, device, nbytes, op):
                     return backend
             if attempt == 0 and devices.load(devices.device_type(device)):
                 self._refresh()
-        raise LookupError(f"no backend supports {kind} of {dtype} on {device}; the chain "
+        raise LookupError(f"no backend supports {kind} ({op.name}) of {dtype} on {device}; the chain "
                           f"is {[b.name for b in self.backends]}")
 
     def reduction_dtype(self, dtype: np.dtype, device: str) -> np.dtype:

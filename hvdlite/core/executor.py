@@ -156,7 +156,7 @@ class Executor:
             buf = self._fusion.view(device, wide, sum(counts))
             _pack(xp, requests, counts, buf, first.desc.prescale)
         start = self._span(requests, "memcpy_in", start)
-        backend = self.chain.pick("allreduce", wide, device, buf.nbytes)
+        backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
         work = backend.allreduce(set_id, buf, op)
         if direct is None:
             self._fusion_work[device] = work
@@ -220,7 +220,7 @@ class Executor:
         _scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)
         op = ReduceOp(desc.op)
-        backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes)
+        backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes, op)
         work = backend.reducescatter(set_id, buf, counts, out, op)
         self._fusion_work[desc.device] = work
 

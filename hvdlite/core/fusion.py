@@ -9,6 +9,7 @@ import numpy as np
 
 from hvdlite.backends.base import offsets, widened_dtype
 from hvdlite.core.requests import Response
+from hvdlite.reduce_op import ReduceOp
 
 __all__ = ["DEFAULT_DIRECT_BYTES", "FusionBuffers", "fusion_key", "offsets", "plan_groups",
            "reduction_dtype"]
@@ -39,7 +40,8 @@ def plan_groups(responses: Sequence[Response], threshold: int,
     Groups keep the order in which their first member was agreed, and members
     keep agreed order, so every rank derives the same plan. A tensor larger
     than the threshold, or of at least ``direct_bytes`` already in its
-    reduction dtype, forms a group of its own (reduced in place, no copies).
+    reduction dtype, forms a group of its own (reduced in place, no copies); so
+    does every Adasum tensor.
     """
     if len(responses) == 1:
         return [list(responses)]
@@ -48,7 +50,9 @@ def plan_groups(responses: Sequence[Response], threshold: int,
     for response in responses:
         wide = reduced_dtype(response)
         nbytes = response.count * wide.itemsize
-        if nbytes >= direct_bytes and wide == response.dtype:
+        # Adasum's coefficients are per tensor: one vector per reduction, never fused.
+        alone = nbytes >= direct_bytes and wide == response.dtype
+        if alone or response.desc.op == ReduceOp.ADASUM:
             order.append([response])
             continue
         key = fusion_key(response)
