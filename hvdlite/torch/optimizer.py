@@ -163,7 +163,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         self._warned_double_sync = True
         warnings.warn(
-            "optimizer.step() was called right after optimizer.synchronize(); the "
+            # Horovod's wording first: scripts and Horovod's own tests match on it.
+            "optimizer.step() called without optimizer.skip_synchronize() right after "
+            "optimizer.synchronize(); the "
             "gradients are already averaged and are not reduced again. Wrap step() in "
             "`with optimizer.skip_synchronize():` to say so and silence this warning.",
             UserWarning, stacklevel=3)
