@@ -168,12 +168,15 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = Non
 
 def _gather_scale(op: Optional[int], prescale: float, postscale: float,
                   process_set: Optional[ProcessSet]) -> float:
-    """d(reducescatter)/d(input) as a factor on the allgathered gradient."""
+    """The factor on the allgathered gradient, by Horovod's convention (its
+    HorovodReducescatter.backward): Sum multiplies by the set size, Average not,
+    and the scale factors apply. That is the size times the gradient of the sum
+    of every rank's loss, the same convention as Horovod's allreduce gradient."""
     reduction = _hvd.Average if op is None else op
     if reduction not in (_hvd.Average, _hvd.Sum):
         raise UsageError("reducescatter is differentiable only for op=Average or Sum")
     scale = prescale * postscale
-    return scale / _set_size(process_set) if reduction == _hvd.Average else scale
+    return scale * _set_size(process_set) if reduction == _hvd.Sum else scale
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -198,7 +201,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
                   process_set: Optional[ProcessSet] = None, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Differentiable reducescatter; the gradient is the allgather of the gradient
-    (divided by the set size for op=Average)."""
+    (multiplied by the set size for op=Sum), as in Horovod."""
     if not TORCH.is_tensor(tensor):   # the generated op refuses it on every rank
         return _OPS["reducescatter"](tensor, name, compression, op, process_set,
                                      prescale_factor, postscale_factor)

