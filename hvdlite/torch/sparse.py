@@ -20,6 +20,10 @@ class SparseHandle:
     def __init__(self, indices: int, values: int, shape: torch.Size, scale: float) -> None:
         self.indices, self.values, self.shape, self.scale = indices, values, shape, scale
 
+    def __call__(self) -> torch.Tensor:
+        """Horovod's sparse handles are called to wait for the result."""
+        return self.result()
+
     def result(self) -> torch.Tensor:
         indices = submission.synchronize(self.indices)
         values = submission.synchronize(self.values)

@@ -200,6 +200,10 @@ def test_sparse_allreduce_async_gathers_indices_and_values(op: str) -> None:
     assert reduced.is_sparse and reduced.is_coalesced()
     expected = sum(dense) / (size if op == "Average" else 1)
     assert torch.allclose(reduced.to_dense(), expected)
+    # Horovod's handles are also called to wait for the result.
+    called = hvd.sparse_allreduce_async(dense[rank].to_sparse(1), op=getattr(hvd, op),
+                                        name=f"parity.sparse.call.{op}")()
+    assert torch.allclose(called.to_dense(), expected)
 
 
 def test_optimizer_reduces_sparse_embedding_gradients_by_allgather() -> None:
