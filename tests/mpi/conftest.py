@@ -60,3 +60,18 @@ def rank_data(rank: int, shape: tuple[int, ...], dtype: np.dtype, salt: int = 0)
     if np.issubdtype(np.dtype(dtype), np.signedinteger) or np.issubdtype(np.dtype(dtype), np.floating):
         values = values * rng.choice([-1, 1], size=shape)
     return values.astype(dtype)
+
+
+def assert_identical_everywhere(arrays: list) -> None:
+    """Every rank holds bitwise the same arrays (a digest compared across ranks)."""
+    import hashlib
+    digest = hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays))
+    digests = hvd.allgather_object(digest.hexdigest())
+    assert len(set(digests)) == 1, f"parameters differ across ranks: {digests}"
+
+
+def keras_optimizers(keras: object) -> dict:
+    """The optimizers the Keras equivalence tests train with, by name."""
+    return {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),  # type: ignore[attr-defined]
+            "adam": lambda: keras.optimizers.Adam(0.01)}  # type: ignore[attr-defined]
+

@@ -3,7 +3,6 @@ every batch, reaches the weights of one process trained on the whole batch and
 keeps bitwise-identical copies; callbacks, accumulation, load_model, bad input."""
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ if keras.backend.backend() != "tensorflow":
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import hvdlite.keras as hvd  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere, keras_optimizers  # noqa: E402
 
 PER_RANK = 4           # rows per rank per micro-batch
 TOLERANCE = 1e-10      # float64 model: only the summation order differs
@@ -74,15 +74,10 @@ def _assert_close(got: "keras.Model", want: "keras.Model") -> None:
 
 
 def _assert_identical_everywhere(model: "keras.Model") -> None:
-    digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
-    digests = hvd.allgather_object(digest)
-    assert len(set(digests)) == 1, digests
+    assert_identical_everywhere(model.get_weights())
 
 
-OPTIMIZERS = {
-    "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-    "adam": lambda: keras.optimizers.Adam(0.01),
-}
+OPTIMIZERS = keras_optimizers(keras)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

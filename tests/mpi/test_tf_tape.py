@@ -3,7 +3,6 @@ batch, inside tf.function, reach the weights of one process trained on the whole
 batch, and hold bitwise-identical copies."""
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Callable
 
@@ -16,6 +15,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 keras = tf.keras
 
 import hvdlite.tensorflow as hvd  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere, keras_optimizers  # noqa: E402
 
 PER_RANK = 6
 TOLERANCE = 1e-10      # float64 model: only the summation order differs
@@ -68,16 +68,8 @@ def _train(make_opt: Callable, distributed: bool) -> list:
     return [v.numpy() for v in w]
 
 
-def _assert_identical_everywhere(weights: list) -> None:
-    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()
-    digests = hvd.allgather_object(digest)
-    assert len(set(digests)) == 1, digests
-
-
-OPTIMIZERS = {
-    "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-    "adam": lambda: keras.optimizers.Adam(0.01),
-}
+_assert_identical_everywhere = assert_identical_everywhere
+OPTIMIZERS = keras_optimizers(keras)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
