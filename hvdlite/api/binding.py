@@ -15,7 +15,7 @@ from hvdlite.api import collectives as c
 from hvdlite.api import submission
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.compression import Compressor, compressed, compressed_all
 
 # Every name make_ops returns; the public API of each binding includes them all.
 OP_NAMES = (
@@ -30,13 +30,6 @@ OP_NAMES = (
     "synchronize", "poll", "join", "barrier",
 )
 PS = Optional[ProcessSet]
-
-
-def _compressed(compression: Optional[type[Compressor]], tensor: Any,
-                run: Callable[[Any], Any]) -> Any:
-    compression = compression or Compression.none
-    wire, context = compression.compress(tensor)
-    return compression.decompress(run(wire), context)
 
 
 def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
@@ -61,7 +54,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: PS = None) -> Any:
         """Reduce ``tensor`` across the process set (default op: Average)."""
-        return _compressed(compression, tensor, lambda wire: sync(allreduce_async(
+        return compressed(compression, tensor, lambda wire: sync(allreduce_async(
             wire, average, name, op, prescale_factor, postscale_factor, process_set)))
 
     def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
@@ -91,11 +84,8 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                           compression: Optional[type[Compressor]] = None,
                           op: Optional[int] = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, process_set: PS = None) -> list[Any]:
-        compression = compression or Compression.none
-        wires = [compression.compress(t) for t in tensors]
-        results = sync(grouped_allreduce_async([w for w, _ in wires], average, name, op,
-                                               prescale_factor, postscale_factor, process_set))
-        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, wires)]
+        return compressed_all(compression, tensors, lambda wires: sync(grouped_allreduce_async(
+            wires, average, name, op, prescale_factor, postscale_factor, process_set)))
 
     def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
                            name: Optional[str] = None, op: Optional[int] = None,
@@ -158,7 +148,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                       postscale_factor: float = 1.0) -> Any:
         """Reduce across ranks, then rank i keeps the i-th block of rows; with n rows
         and P ranks the first n % P ranks get one row more."""
-        return _compressed(compression, tensor, lambda wire: sync(reducescatter_async(
+        return compressed(compression, tensor, lambda wire: sync(reducescatter_async(
             wire, name, op, process_set, prescale_factor, postscale_factor)))
 
     def grouped_reducescatter_async(tensors: Sequence[Any], name: Optional[str] = None,
@@ -174,11 +164,9 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                               op: Optional[int] = None, process_set: PS = None,
                               prescale_factor: float = 1.0,
                               postscale_factor: float = 1.0) -> list[Any]:
-        compression = compression or Compression.none
-        wires = [compression.compress(t) for t in tensors]
-        results = sync(grouped_reducescatter_async([w for w, _ in wires], name, op, process_set,
-                                                   prescale_factor, postscale_factor))
-        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, wires)]
+        return compressed_all(compression, tensors, lambda wires: sync(
+            grouped_reducescatter_async(wires, name, op, process_set, prescale_factor,
+                                        postscale_factor)))
 
     def join(device: int = -1) -> int:
         """Signal this rank is out of data; returns the last rank to join. ``device``

@@ -4,7 +4,7 @@ small) tensors are left alone. The tensor's adapter does the cast, so the
 same ``Compression.fp16`` serves NumPy, torch and TensorFlow tensors."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional, Sequence
 
 from hvdlite.api.adapter import adapter_for
 from hvdlite.errors import HvdliteTypeError
@@ -66,3 +66,21 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+def compressed(compression: Optional[type[Compressor]], tensor: Any,
+               run: Callable[[Any], Any]) -> Any:
+    """``run`` on the tensor as compressed for the wire; the result restored."""
+    compression = compression or Compression.none
+    wire, context = compression.compress(tensor)
+    return compression.decompress(run(wire), context)
+
+
+def compressed_all(compression: Optional[type[Compressor]], tensors: Sequence[Any],
+                   run: Callable[[list[Any]], Sequence[Any]]) -> list[Any]:
+    """``compressed`` for a group: ``run`` takes and returns one tensor per input."""
+    compression = compression or Compression.none
+    wires = [compression.compress(t) for t in tensors]
+    results = run([wire for wire, _ in wires])
+    return [compression.decompress(r, context) for r, (_, context) in zip(results, wires)]
+

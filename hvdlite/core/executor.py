@@ -129,6 +129,14 @@ class Executor:
                 timeline.span(request.desc.name, phase, start or request.agreed_at, now)
         return now
 
+    def _fusion_view(self, device: str, dtype: np.dtype, count: int) -> Any:
+        """The device's fusion buffer as ``count`` elements of ``dtype``, once the
+        work that last used it (possibly still running on a stream) is done."""
+        previous = self._fusion_work.pop(device, None)
+        if previous is not None:
+            previous.wait()
+        return self._fusion.view(device, dtype, count)
+
     # -- allreduce -------------------------------------------------------------
     def _allreduce_group(self, set_id: int, group: Sequence[Response],
                          requests: Sequence[Optional[Request]]) -> None:
@@ -150,10 +158,7 @@ class Executor:
             _pack_one(xp, requests[0], buf, first.desc.prescale)
         else:
             counts = [r.count for r in group]
-            previous = self._fusion_work.pop(device, None)
-            if previous is not None:
-                previous.wait()              # the buffer is still in use on the device
-            buf = self._fusion.view(device, wide, sum(counts))
+            buf = self._fusion_view(device, wide, sum(counts))
             _pack(xp, requests, counts, buf, first.desc.prescale)
         start = self._span(requests, "memcpy_in", start)
         backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
@@ -212,10 +217,7 @@ class Executor:
         xp = array_namespace(desc.device)
         dtype = to_dtype(desc.dtype)
         wide = self.chain.reduction_dtype(dtype, desc.device)
-        previous = self._fusion_work.pop(desc.device, None)
-        if previous is not None:
-            previous.wait()
-        buf = self._fusion.view(desc.device, wide, sum(counts))
+        buf = self._fusion_view(desc.device, wide, sum(counts))
         buf[...] = request.array.reshape(-1)
         _scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)

@@ -11,16 +11,10 @@ from hvdlite.backends.base import offsets, widened_dtype
 from hvdlite.core.requests import Response
 from hvdlite.reduce_op import ReduceOp
 
-__all__ = ["DEFAULT_DIRECT_BYTES", "FusionBuffers", "fusion_key", "offsets", "plan_groups",
-           "reduction_dtype"]
+__all__ = ["DEFAULT_DIRECT_BYTES", "FusionBuffers", "fusion_key", "offsets", "plan_groups"]
 
 DEFAULT_DIRECT_BYTES = 1 << 20   # HVDLITE_DIRECT_THRESHOLD's default; see hvdlite.config
 ReductionDtype = Callable[[Response], np.dtype]
-
-
-def reduction_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype host backends reduce ``dtype`` in (half types widen to float32)."""
-    return widened_dtype(dtype)
 
 
 def _host_reduction(response: Response) -> np.dtype:

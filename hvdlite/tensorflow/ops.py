@@ -16,7 +16,7 @@ import tensorflow as tf
 import hvdlite as _hvd
 from hvdlite.api import submission
 from hvdlite.api.binding import make_ops
-from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.compression import Compressor, compressed, compressed_all
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.core.requests import Kind
 from hvdlite.tensorflow import graph
@@ -85,11 +85,8 @@ def allreduce(tensor: Any, average: Optional[bool] = None, name: Optional[str] =
     if not TENSORFLOW.is_tensor(tensor):
         return _refuse("allreduce", tensor, average, name, compression, op, prescale_factor,
                        postscale_factor, process_set)
-    compression = compression or Compression.none
-    wire, context = compression.compress(graph.as_tensor(tensor))
-    reduced = _allreduce_diff(wire, average, name, op, prescale_factor, postscale_factor,
-                              process_set)
-    return compression.decompress(reduced, context)
+    return compressed(compression, graph.as_tensor(tensor), lambda wire: _allreduce_diff(
+        wire, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def _grouped_allreduce_diff(xs: list[tf.Tensor], average: Optional[bool], name: Optional[str],
@@ -118,11 +115,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     if not tensors or not all(TENSORFLOW.is_tensor(t) for t in tensors):
         return _OPS["grouped_allreduce"](tensors, average, name, compression, op,
                                          prescale_factor, postscale_factor, process_set)
-    compression = compression or Compression.none
-    wires = [compression.compress(graph.as_tensor(t)) for t in tensors]
-    reduced = _grouped_allreduce_diff([w for w, _ in wires], average, name, op,
-                                      prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
+    return compressed_all(compression, [graph.as_tensor(t) for t in tensors],
+                          lambda wires: _grouped_allreduce_diff(
+                              wires, average, name, op, prescale_factor, postscale_factor,
+                              process_set))
 
 
 # -- allgather and broadcast -------------------------------------------------------------------
@@ -274,13 +270,12 @@ def reducescatter(tensor: Any, name: Optional[str] = None,
     if graph.eager() or not TENSORFLOW.is_tensor(tensor):
         return _OPS["reducescatter"](tensor, name, compression, op, process_set,
                                      prescale_factor, postscale_factor)
-    compression = compression or Compression.none
-    wire, context = compression.compress(graph.as_tensor(tensor))
-    label = graph.graph_name("reducescatter", name, wire)
-    scattered = graph.run(lambda e: _OPS["reducescatter"](e, label, None, op, process_set,
-                                                          prescale_factor, postscale_factor),
-                          [wire], [wire.dtype], [graph.rows_shape(wire)])[0]
-    return compression.decompress(scattered, context)
+    def run(wire: Any) -> Any:
+        label = graph.graph_name("reducescatter", name, wire)
+        return graph.run(lambda e: _OPS["reducescatter"](e, label, None, op, process_set,
+                                                         prescale_factor, postscale_factor),
+                         [wire], [wire.dtype], [graph.rows_shape(wire)])[0]
+    return compressed(compression, graph.as_tensor(tensor), run)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
@@ -292,15 +287,13 @@ def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
     if graph.eager() or not tensors or not all(TENSORFLOW.is_tensor(t) for t in tensors):
         return _OPS["grouped_reducescatter"](tensors, name, compression, op, process_set,
                                              prescale_factor, postscale_factor)
-    compression = compression or Compression.none
-    wires = [compression.compress(graph.as_tensor(t)) for t in tensors]
-    xs = [w for w, _ in wires]
-    label = graph.graph_name("grouped_reducescatter", name, xs[0])
-    scattered = graph.run(
-        lambda *e: _OPS["grouped_reducescatter"](list(e), label, None, op, process_set,
-                                                 prescale_factor, postscale_factor),
-        xs, [x.dtype for x in xs], [graph.rows_shape(x) for x in xs])
-    return [compression.decompress(s, ctx) for s, (_, ctx) in zip(scattered, wires)]
+    def run(xs: list[Any]) -> Any:
+        label = graph.graph_name("grouped_reducescatter", name, xs[0])
+        return graph.run(
+            lambda *e: _OPS["grouped_reducescatter"](list(e), label, None, op, process_set,
+                                                     prescale_factor, postscale_factor),
+            xs, [x.dtype for x in xs], [graph.rows_shape(x) for x in xs])
+    return compressed_all(compression, [graph.as_tensor(t) for t in tensors], run)
 
 
 def barrier(process_set: PS = None) -> None:

@@ -18,7 +18,7 @@ import torch
 import hvdlite as _hvd
 from hvdlite.api.binding import make_ops
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.compression import Compressor, compressed, compressed_all
 from hvdlite.errors import UsageError
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.sparse import SparseHandle, sparse_allreduce_async
@@ -69,11 +69,8 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
               process_set: Optional[ProcessSet] = None) -> torch.Tensor:
     """Differentiable allreduce (default op: Average), optionally compressed on the wire."""
     TORCH.require(tensor, "allreduce")
-    compression = compression or Compression.none
-    compressed, context = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor,
-                               postscale_factor, process_set)
-    return compression.decompress(reduced, context)
+    return compressed(compression, tensor, lambda wire: _Allreduce.apply(
+        wire, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 class _Allgather(torch.autograd.Function):
@@ -205,11 +202,8 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
     if not TORCH.is_tensor(tensor):   # the generated op refuses it on every rank
         return _OPS["reducescatter"](tensor, name, compression, op, process_set,
                                      prescale_factor, postscale_factor)
-    compression = compression or Compression.none
-    compressed, context = compression.compress(tensor)
-    scattered = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                     postscale_factor)
-    return compression.decompress(scattered, context)
+    return compressed(compression, tensor, lambda wire: _Reducescatter.apply(
+        wire, name, op, process_set, prescale_factor, postscale_factor))
 
 
 def _all_tensors(tensors: list[Any]) -> bool:
@@ -247,11 +241,9 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
     if not _all_tensors(tensors):   # the generated op refuses them on every rank
         return _OPS["grouped_allreduce"](tensors, average, name, compression, op,
                                          prescale_factor, postscale_factor, process_set)
-    compression = compression or Compression.none
-    wires = [compression.compress(t) for t in tensors]
     args = (average, name, op, prescale_factor, postscale_factor, process_set)
-    reduced = _GroupedAllreduce.apply(args, *[w for w, _ in wires])
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, wires)]
+    return compressed_all(compression, tensors,
+                          lambda wires: _GroupedAllreduce.apply(args, *wires))
 
 
 class _GroupedAllgather(torch.autograd.Function):
@@ -311,11 +303,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
     if not _all_tensors(tensors):   # the generated op refuses them on every rank
         return _OPS["grouped_reducescatter"](tensors, name, compression, op, process_set,
                                              prescale_factor, postscale_factor)
-    compression = compression or Compression.none
-    wires = [compression.compress(t) for t in tensors]
     args = (name, op, process_set, prescale_factor, postscale_factor)
-    scattered = _GroupedReducescatter.apply(args, *[w for w, _ in wires])
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(scattered, wires)]
+    return compressed_all(compression, tensors,
+                          lambda wires: _GroupedReducescatter.apply(args, *wires))
 
 
 _plain_synchronize = _OPS["synchronize"]

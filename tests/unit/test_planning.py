@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite.backends import even_counts, segment_bounds
+from hvdlite.backends import even_counts, segment_bounds, widened_dtype
 from hvdlite.backends.ring import allgather_schedule, chunk_bounds, reduce_scatter_schedule
 from hvdlite.core import fusion
 from hvdlite.core.cache import ResponseCache
@@ -100,9 +100,9 @@ def test_fusion_groups_by_dtype_and_op_within_threshold() -> None:
 
 
 def test_half_types_reduce_in_float32() -> None:
-    assert fusion.reduction_dtype(np.dtype(np.float16)) == np.float32
-    assert fusion.reduction_dtype(np.dtype(ml_dtypes.bfloat16)) == np.float32
-    assert fusion.reduction_dtype(np.dtype(np.int8)) == np.int8
+    assert widened_dtype(np.dtype(np.float16)) == np.float32
+    assert widened_dtype(np.dtype(ml_dtypes.bfloat16)) == np.float32
+    assert widened_dtype(np.dtype(np.int8)) == np.int8
     halves = [_allreduce("h", 10, "float16"), _allreduce("h2", 10, "float16")]
     assert len(fusion.plan_groups(halves, threshold=80)) == 1    # 2 x 10 float32 = 80 bytes
     assert len(fusion.plan_groups(halves, threshold=79)) == 2
