@@ -125,7 +125,7 @@ def test_process_sets_negotiate_on_their_own() -> None:
     np.testing.assert_array_equal(total, [float(sum(mine.ranks))])
     gathered = hvd.allgather(np.array([rank]), name="ps.gather", process_set=mine)
     np.testing.assert_array_equal(gathered, mine.ranks)
-    root_value = hvd.broadcast(np.array([rank]), root_rank=mine.size() - 1, name="ps.bcast",
+    root_value = hvd.broadcast(np.array([rank]), root_rank=mine.ranks[-1], name="ps.bcast",
                                process_set=mine)
     np.testing.assert_array_equal(root_value, [mine.ranks[-1]])
     other = odds if mine is evens else evens
@@ -137,6 +137,29 @@ def test_process_sets_negotiate_on_their_own() -> None:
     assert not hvd.remove_process_set(evens)
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="ps.after"),
                                   [float(size)])
+
+
+def test_process_set_root_is_a_global_rank() -> None:
+    """As in Horovod, root_rank names a global rank, for tensors and objects; a rank
+    outside the set is refused on every member, and the set stays usable."""
+    size, rank = hvd.size(), hvd.rank()
+    if size < 2:
+        pytest.skip("needs a set that differs from the world")
+    odds = hvd.add_process_set(range(1, size, 2))     # set rank 0 is global rank 1
+    try:
+        if rank % 2 == 1:
+            for root in odds.ranks:
+                value = hvd.broadcast(np.array([rank]), root_rank=root, name=f"gr.{root}",
+                                      process_set=odds)
+                np.testing.assert_array_equal(value, [root])
+                assert hvd.broadcast_object(("o", rank), root_rank=root,
+                                            process_set=odds) == ("o", root)
+            with pytest.raises(ValueError, match="not a member of process set"):
+                hvd.broadcast(np.ones(2), root_rank=0, name="gr.outsider", process_set=odds)
+            total = hvd.allreduce(np.ones(1), op=hvd.Sum, name="gr.after", process_set=odds)
+            np.testing.assert_array_equal(total, [float(len(odds.ranks))])
+    finally:
+        hvd.remove_process_set(odds)
 
 
 def test_objects() -> None:
