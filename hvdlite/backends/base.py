@@ -71,6 +71,11 @@ class Backend(Protocol):
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Work:
         """Reduce ``buf`` in place across the set."""
 
+    # Optional: ``allreduce_from(set_id, source, buf, op) -> Work`` reduces ``source``
+    # into ``buf`` (``buf`` is not read). The executor uses it, where a backend has
+    # it, for ``out = allreduce(x)``: copying x into a fresh output first costs
+    # as much as a fast allreduce of it.
+
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
                   counts: Sequence[int]) -> Work:
         """Concatenate every rank's ``send`` into ``recv``; rank r sends ``counts[r]``
@@ -106,6 +111,12 @@ class HostBackend:
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)
+
+    def allreduce_from(self, set_id: int, source: np.ndarray, buf: np.ndarray,
+                       op: ReduceOp) -> Work:
+        """Out of place by a copy; backends that can do better override this."""
+        buf[...] = source
+        return self.allreduce(set_id, buf, op)   # type: ignore[attr-defined]
 
 
 # MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage

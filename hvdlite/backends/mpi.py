@@ -27,6 +27,14 @@ class MpiBackend(HostBackend):
             comm.Allreduce(MPI.IN_PLACE, buf, op=MPI_OPS[op])
         return DONE
 
+    def allreduce_from(self, set_id: int, source: Buffer, buf: Buffer, op: ReduceOp) -> Done:
+        comm = self._comms[set_id]
+        if comm.Get_size() > 1 and buf.size:
+            comm.Allreduce(source, buf, op=MPI_OPS[op])
+        else:
+            buf[...] = source
+        return DONE
+
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
                   counts: Sequence[int]) -> Done:
         self._comms[set_id].Allgatherv([send, MPI.BYTE],

@@ -66,12 +66,20 @@ class RingBackend(HostBackend):
         return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
+        return self.allreduce_from(set_id, buf, buf, op)
+
+    def allreduce_from(self, set_id: int, source: np.ndarray, buf: np.ndarray,
+                       op: ReduceOp) -> Done:
+        """Out of place for free: every segment of ``buf`` is first written by a
+        reduction (reading ``source``) or by the allgather, never read before."""
         comm = self._comms[set_id]
         size = comm.Get_size()
         if size > 1 and buf.size:
             bounds = segment_bounds(even_counts(buf.size, size))
-            self._reduce_scatter(comm, buf, bounds, op)
+            self._reduce_scatter(comm, buf, bounds, op, source)
             self._allgather(comm, buf, bounds)
+        elif source is not buf:
+            buf[...] = source
         return DONE
 
     def reducescatter(self, set_id: int, buf: np.ndarray, counts: Sequence[int],
@@ -79,20 +87,26 @@ class RingBackend(HostBackend):
         comm = self._comms[set_id]
         bounds = segment_bounds(counts)
         if comm.Get_size() > 1:
-            self._reduce_scatter(comm, buf, bounds, op)
+            self._reduce_scatter(comm, buf, bounds, op, buf)
         start, end = bounds[comm.Get_rank()]
         out[...] = buf[start:end]
         return DONE
 
     def _reduce_scatter(self, comm: MPI.Comm, buf: np.ndarray,
-                        bounds: Sequence[tuple[int, int]], op: ReduceOp) -> None:
+                        bounds: Sequence[tuple[int, int]], op: ReduceOp,
+                        source: np.ndarray) -> None:
+        """Rank r ends with segment r of the reduction in ``buf``. Each step reduces
+        the received piece with this rank's own contribution from ``source`` into
+        ``buf``, and the next step sends what the previous one reduced, so only the
+        first send reads ``source``."""
         rank, size = comm.Get_rank(), comm.Get_size()
         right, left = (rank + 1) % size, (rank - 1) % size
         chunk = max(1, self.chunk_bytes // buf.itemsize)
         scratch = self._scratch_pair(buf.dtype, chunk)
         ufunc = _UFUNCS[op]
-        for send_seg, recv_seg in reduce_scatter_schedule(rank, size):
-            sends = [comm.Isend(buf[s:e], dest=right, tag=_TAG_REDUCE)
+        for step, (send_seg, recv_seg) in enumerate(reduce_scatter_schedule(rank, size)):
+            outgoing = source if step == 0 else buf
+            sends = [comm.Isend(outgoing[s:e], dest=right, tag=_TAG_REDUCE)
                      for s, e in chunk_bounds(*bounds[send_seg], chunk)]
             pieces = chunk_bounds(*bounds[recv_seg], chunk)
             pending = self._post_recv(comm, scratch[0], pieces, 0, left) if pieces else None
@@ -100,7 +114,7 @@ class RingBackend(HostBackend):
                 pending.Wait()
                 if i + 1 < len(pieces):
                     pending = self._post_recv(comm, scratch[(i + 1) % 2], pieces, i + 1, left)
-                ufunc(buf[s:e], scratch[i % 2][: e - s], out=buf[s:e])
+                ufunc(source[s:e], scratch[i % 2][: e - s], out=buf[s:e])
             MPI.Request.Waitall(sends)
 
     @staticmethod

@@ -79,6 +79,25 @@ def test_sizes_across_backend_switch_points(backend: str, nbytes: int) -> None:
                                   sum(range(1, hvd.size() + 1)))
 
 
+_REDUCERS = {"Sum": np.sum, "Average": np.mean, "Min": np.min, "Max": np.max,
+             "Product": np.prod}
+
+
+@pytest.mark.parametrize("op_name", sorted(_REDUCERS))
+@pytest.mark.parametrize("n", [1, 1001, 3 << 18])
+def test_allocating_form_reads_its_input_only(backend: str, op_name: str, n: int) -> None:
+    """out = allreduce(x) reduces out of place: x is never written, the output holds
+    the reduction of every rank's x (3 << 18 float64 is 6 MiB, ring-sized in auto)."""
+    def contribution(rank: int) -> np.ndarray:
+        return (np.arange(n) % 7 + rank + 1).astype(np.float64)
+    x = contribution(hvd.rank())
+    result = hvd.allreduce(x, op=getattr(hvd, op_name), name=f"oop.{backend}.{op_name}.{n}")
+    expected = _REDUCERS[op_name](np.stack([contribution(r) for r in range(hvd.size())]), axis=0)
+    assert result is not x
+    np.testing.assert_array_equal(x, contribution(hvd.rank()))
+    np.testing.assert_allclose(result, expected, rtol=1e-15)
+
+
 def test_inplace_and_noncontiguous(backend: str) -> None:
     base = np.arange(40, dtype=np.float64).reshape(5, 8) * (hvd.rank() + 1)
     view = base[:, ::2]                       # non-contiguous input
