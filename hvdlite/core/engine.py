@@ -168,7 +168,7 @@ class Engine:
         self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
         self._liveness = liveness.Liveness(self._comm, self.config)
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
-                                           self._doorbell, lambda: bool(self._queue))
+                                           self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)

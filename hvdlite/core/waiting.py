@@ -48,7 +48,8 @@ class Doorbell:
 
     def ring(self) -> None:
         if self.listening:
-            self._event.set()
+            self.listening = False      # one wake-up per sleep: a burst of submissions
+            self._event.set()           # (200 gradients) pays for one Event.set, not 200
 
     def ring_always(self) -> None:
         self._event.set()
@@ -70,20 +71,21 @@ class RoundWaiter:
     once a wait has lasted (the stall inspector, the check for a lost peer)."""
 
     def __init__(self, config: Any, handles: Any, on_tick: Callable[[float, float], None],
-                 doorbell: Doorbell, local_work: Callable[[], bool]) -> None:
+                 doorbell: Doorbell, queued: Callable[[], int]) -> None:
         self.config = config      # replaced by a negotiated reconfiguration
         self._handles = handles
         self._on_tick = on_tick
         self._doorbell = doorbell
-        self._local_work = local_work
+        self._queued = queued      # how many local requests wait for the next round
 
     def wait(self, requests: Sequence[MPI.Request]) -> None:
         """Poll until every round completes, sleeping in growing pauses. While a user
         thread is blocked in synchronize(), or once local work arrives (a pause ends
         at its ring), the engine busy-polls instead (Testall releases the GIL), for up
         to HVDLITE_SPIN_TIME per round: that is latency someone is waiting on; an idle
-        round a peer has not joined yet then completes the moment the peer does. Otherwise the CPU belongs to the training thread,
-        which on a core per rank would lose whatever a spinning engine takes.
+        round a peer has not joined yet then completes the moment the peer does.
+        Otherwise the CPU belongs to the training thread, which on a core per rank
+        would lose whatever a spinning engine takes.
         A wait that lasts runs on_tick every liveness.TICK_S: the stall
         inspector, and the check that fails everything if a peer is gone."""
         requests = list(requests)
@@ -92,6 +94,10 @@ class RoundWaiter:
         longest = max(_LONGEST_PAUSE_FLOOR_S, self.config.cycle_time * 1e-3 / 4)
         started = next_tick = 0.0
         urgent = False
+        queued_before = self._queued()
+
+        def new_local_work() -> bool:
+            return self._queued() > queued_before
         while not MPI.Request.Testall(requests):
             if (urgent or self._handles.waiting) and budget > 0:
                 start = time.perf_counter()
@@ -100,7 +106,9 @@ class RoundWaiter:
                         return
                 budget -= time.perf_counter() - start
                 continue
-            if self._doorbell.listen(pause, self._local_work):
+            if urgent:              # rung once already: pauses are plain sleeps again
+                time.sleep(pause)
+            elif self._doorbell.listen(pause, new_local_work):
                 urgent = True
                 continue
             if pause < longest:
