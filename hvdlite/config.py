@@ -107,6 +107,13 @@ class Config:
         "amortizes per-op latency over small tensors; for large ones the two copies "
         "in and out of the buffer cost more than the latency saved (measured on the "
         "MLP benchmark: packing 7.4 MB of gradients cost ~1.5 ms of CPU per step).")
+    output_pool: int = _knob(
+        256 << 20, parse_bytes,
+        "Bytes of idle memory kept for recycling the outputs of out = allreduce(x) "
+        "on the CPU (outputs of 1 MiB and more). A fresh large output page-faults "
+        "on every 4 KiB while it is written, which costs as much as a fast "
+        "allreduce; a loop that drops last step's output reuses its memory. "
+        "0 allocates every output anew.")
     allreduce: str = _knob(
         "auto", _choice("auto", "mpi", "ring"),
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "

@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from hvdlite.api.output_pool import OutputPool
 from hvdlite.config import Config
 from hvdlite.errors import NotInitializedError, UsageError
 
@@ -33,6 +34,7 @@ class Runtime:
     name_counters: dict[tuple, int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
+    outputs: OutputPool = dataclasses.field(default_factory=lambda: OutputPool(0))
 
 
 RUNTIME = Runtime()
@@ -57,6 +59,7 @@ def start(comm: Any = None) -> None:
         topology = engine.start()
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
         RUNTIME.name_counters.clear()
+        RUNTIME.outputs = OutputPool(config.output_pool)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:

@@ -155,3 +155,18 @@ def test_poll_and_unnamed_ops() -> None:
     while not hvd.poll(handle):
         pass
     np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, float(hvd.size())))
+
+
+def test_recycled_outputs_never_overwrite_held_results(backend: str) -> None:
+    """Large outputs come from recycled memory: results still held (as arrays or
+    views) keep their values while later allreduces run."""
+    n = (2 << 20) // 8                       # 2 MiB of float64: pooled
+    held = []
+    for step in range(6):
+        out = hvd.allreduce(np.full(n, float(step + hvd.rank())), op=hvd.Sum,
+                            name=f"recycle.{backend}.{step}")
+        if step % 2 == 0:
+            held.append((step, out[::1000]))  # a view keeps the block alive
+    for step, view in held:
+        expected = sum(step + r for r in range(hvd.size()))
+        np.testing.assert_array_equal(view, np.full(view.shape, float(expected)))
