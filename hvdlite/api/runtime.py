@@ -33,6 +33,8 @@ class Runtime:
     name_counters: dict[tuple, int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
+    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT is set
+    gpu_sampler: Any = None   # its api.report.GpuSampler
 
 
 RUNTIME = Runtime()
@@ -57,6 +59,10 @@ def start(comm: Any = None) -> None:
         topology = engine.start()
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
         RUNTIME.name_counters.clear()
+        RUNTIME.recorder = RUNTIME.gpu_sampler = None
+        if config.report:
+            from hvdlite.api import report
+            RUNTIME.recorder, RUNTIME.gpu_sampler = report.start(engine)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
@@ -87,7 +93,13 @@ def _configure_logging(config: Config, rank: int) -> None:
 
 
 def shutdown() -> None:
-    """Stop the engine. Other ranks' later collectives fail with ShutdownError."""
+    """Stop the engine. Other ranks' later collectives fail with ShutdownError.
+    With HVDLITE_REPORT set, every rank first sends its record to rank 0, which
+    writes the report (a collective, like the shutdown itself)."""
+    recorder, RUNTIME.recorder = RUNTIME.recorder, None
+    if recorder is not None and RUNTIME.engine is not None and RUNTIME.engine.dead is None:
+        from hvdlite.api import report
+        report.finish(recorder, RUNTIME.gpu_sampler, RUNTIME.config.report)
     with RUNTIME.lock:
         engine, RUNTIME.engine = RUNTIME.engine, None
         RUNTIME.topology = None
