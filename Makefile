@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test,report]'
 	touch $@
 
 demo: install

@@ -13,6 +13,7 @@ from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, 
                                  gloo_built, mpi_built, mpi_enabled, nccl_built,
                                  start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.api.report import traffic
 from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
                                  local_device, local_rank, local_size, mpi_threads_supported,
                                  rank, shutdown, size)
@@ -35,7 +36,7 @@ COMMON_NAMES = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "local_device", "mpi_threads_supported",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "traffic",
     "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",

@@ -115,10 +115,12 @@ class Config:
         "allreduce; a loop that drops last step's output reuses its memory. "
         "0 allocates every output anew.")
     allreduce: str = _knob(
-        "auto", _choice("auto", "mpi", "ring"),
+        "auto", _choice("auto", "mpi", "ring", "ps"),
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "
-        "point-to-point with persistent buffers) or 'auto' (mpi below "
-        "HVDLITE_RING_THRESHOLD bytes, ring from there on).")
+        "point-to-point with persistent buffers), 'auto' (mpi below "
+        "HVDLITE_RING_THRESHOLD bytes, ring from there on) or 'ps' (parameter "
+        "server: every rank sends its buffer to the process set's rank 0, which "
+        "reduces and sends the result back; for comparison, never faster).")
     gpu_allreduce: str = _knob(
         "nccl", _choice("nccl", "mpi"),
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
@@ -151,6 +153,12 @@ class Config:
         "Path of a Chrome-trace JSON file that rank 0 writes with negotiate, queue, "
         "memcpy and collective spans per tensor (open in chrome://tracing or "
         "Perfetto). Empty disables.")
+    report: str = _knob(
+        "", str,
+        "Directory where rank 0 writes report.json, report.txt and report.png at "
+        "shutdown: per rank step time, compute, time blocked on communication, time "
+        "waiting for slower peers, bytes moved and peak memory, the stragglers and "
+        "a verdict (see 'Why is my training slow?'). Empty disables recording.")
     log_level: str = _knob(
         "warning", _choice("debug", "info", "warning", "error"),
         "Level of the 'hvdlite' logger.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -53,6 +54,17 @@ def synchronize(handle: Handle) -> Any:
     engine = runtime.RUNTIME.engine
     if engine is None:
         raise runtime.NotInitializedError("hvdlite.synchronize()")
+    recorder = runtime.RUNTIME.recorder
+    if recorder is None:
+        return _wait(engine, handle)
+    started = time.perf_counter()       # HVDLITE_REPORT: time blocked in collectives
+    try:
+        return _wait(engine, handle)
+    finally:
+        recorder.collective_wait(time.perf_counter() - started)
+
+
+def _wait(engine: Any, handle: Handle) -> Any:
     if isinstance(handle, GroupHandle):
         return [engine.handles.wait(h) for h in handle.handles]
     return engine.handles.wait(handle)

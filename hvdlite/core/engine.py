@@ -32,6 +32,7 @@ from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
 from hvdlite.core.negotiation import Report, Verdict
+from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
@@ -66,6 +67,8 @@ class Engine:
         self._inspectors: dict[int, stall.StallInspector] = {}
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
+        # HVDLITE_REPORT: time this rank's requests wait for agreement (engine thread).
+        self.peer_wait = PeerWaitClock() if config.report else None
         self.executor = Executor(config, self.complete, lambda: self.timeline)
         self.registry = ProcessSetRegistry(config.cache_capacity, self._open_set,
                                            self.executor.close_set)
@@ -197,6 +200,9 @@ class Engine:
                                plan_key=(state.set_id, tuple(bits)))
             elif not self._full_round(state):
                 return False
+        clock = self.peer_wait
+        if clock is not None and clock.since is not None and not any(s.pending for s in members):
+            clock.settled(time.monotonic())
         self._check_stalls()
         return self._dead is None
 
@@ -229,6 +235,8 @@ class Engine:
                 self.handles.notify()
             else:
                 state.pending[request.desc.name] = request
+                if self.peer_wait is not None:
+                    self.peer_wait.submitted(request.submitted_at)
 
     def _round_vector(self, state: SetState) -> np.ndarray:
         vector = np.zeros(1 + state.cache.words, dtype=np.uint64)

@@ -27,6 +27,7 @@ _KNOBS = {
     "stall_shutdown_seconds": ("HVDLITE_STALL_SHUTDOWN_TIME", str),
     "allreduce": ("HVDLITE_ALLREDUCE", str),
     "log_level": ("HVDLITE_LOG_LEVEL", str),
+    "report": ("HVDLITE_REPORT", str),
 }
 
 
@@ -42,8 +43,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline-filename")
     p.add_argument("--stall-check-seconds", type=float)
     p.add_argument("--stall-shutdown-seconds", type=float)
-    p.add_argument("--allreduce", choices=["auto", "mpi", "ring"])
+    p.add_argument("--allreduce", choices=["auto", "mpi", "ring", "ps"])
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--report", metavar="DIR",
+                   help="write a per-rank balance report (report.txt/json/png) to DIR")
     p.add_argument("--mpiexec", help="launcher to use (default: this Python's, then PATH)")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.add_argument("--check", action="store_true", help="print what hvdlite can use, and exit")

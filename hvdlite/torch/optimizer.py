@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 import hvdlite as _hvd
+from hvdlite.api import report as _report
 from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.compression import Compression, Compressor
@@ -126,6 +127,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Wait until every gradient is averaged. Parameters without a gradient on
         this rank take part with zeros, so ranks on other code paths still finish."""
+        recorder = _report.recorder()     # HVDLITE_REPORT: time blocked here
+        started = recorder.optimizer_wait_begin() if recorder is not None else 0.0
+        try:
+            self._synchronize()
+        finally:
+            if recorder is not None:
+                recorder.optimizer_wait_end(started)
+
+    def _synchronize(self) -> None:
         if not self._synchronized:
             for param in self._params:
                 if id(param) not in self._reducer.pending and \
@@ -154,7 +164,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
-        return self._optimizer.step(closure)
+        loss = self._optimizer.step(closure)
+        recorder = _report.recorder()
+        if recorder is not None:
+            recorder.step_done()
+        return loss
 
     def _warn_step_after_synchronize(self) -> None:
         # Horovod warns here too: the gradients are already reduced (we never
