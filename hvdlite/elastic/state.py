@@ -158,8 +158,9 @@ class ObjectState(State):
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+        # Nothing is pickled yet: hvd.elastic.run's first sync() saves, and an
+        # attribute that cannot be pickled is reported by commit(), by name.
         self._saved: dict[str, bytes] = {}
-        self.save()
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

@@ -84,10 +84,15 @@ def run_elastic(args: argparse.Namespace,
     if not os.environ.get("HVDLITE_ELASTIC_DIR"):
         own_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-")
         os.environ["HVDLITE_ELASTIC_DIR"] = own_dir
+    code = 1
     try:
-        return _attempts(args, build_command)
+        code = _attempts(args, build_command)
+        return code
     finally:
-        if own_dir is not None:
+        if own_dir is not None and code == PREEMPTED_EXIT_CODE:
+            _say(f"hvdliterun: preempted; the last commit is in {own_dir}: run again with "
+                 f"HVDLITE_ELASTIC_DIR={own_dir} to resume")
+        elif own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
 
 
@@ -161,8 +166,8 @@ class _Attempt:
     def _emit_report(self, block: list[str]) -> None:
         key = "".join(_HEADER.sub("", line) for line in block)
         if key in self.seen:
-            _write(f"hvdliterun: (the same error as in an earlier attempt: "
-                   f"{block[-1].strip()[:200]})\n")
+            kind = block[-1].split(":", 1)[0].strip()[:100]
+            _write(f"hvdliterun: the same {kind} as in an earlier attempt (not shown again)\n")
             return
         self.seen.add(key)
         _write("".join(block))
