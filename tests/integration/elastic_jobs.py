@@ -142,6 +142,13 @@ def train() -> None:
     print(f"DONE rank {hvd.rank()}", flush=True)
 
 
+def rank_times(factor: int, offset: int = 0) -> tuple[int, float]:
+    """For hvdlite.run: (rank, factor * the sum of ranks + offset)."""
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="run.sum")
+    return hvd.rank(), factor * float(total[0]) + offset
+
+
 def fail_always() -> None:
     """A deterministic bug: every attempt fails the same way."""
     hvd.init()

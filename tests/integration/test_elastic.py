@@ -128,3 +128,12 @@ def test_bad_elastic_arguments_are_refused() -> None:
         proc = subprocess.run([sys.executable, "-m", "hvdlite.run", *argv, "true"], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_hvdlite_run_returns_results_by_rank() -> None:
+    import hvdlite
+    from tests.integration import elastic_jobs
+    assert hvdlite.run(elastic_jobs.rank_times, args=(3,), kwargs={"offset": 1}, np=2) == [
+        (0, 4.0), (1, 4.0)]
+    with pytest.raises(hvdlite.UsageError, match="top level"):
+        hvdlite.run(lambda: 1, np=2)
