@@ -18,9 +18,11 @@ from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_init
                                  local_device, local_rank, local_size, mpi_threads_supported,
                                  rank, shutdown, size)
 from hvdlite.api.compression import Compression
-from hvdlite.errors import (ConfigError, DuplicateNameError, HvdliteError, HvdliteTypeError,
-                            JoinError, MismatchError, NotInitializedError, PeerLostError,
-                            ShutdownError, StallError, UsageError)
+from hvdlite.errors import (CollectiveFailedError, ConfigError, DuplicateNameError,
+                            HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
+                            HvdliteError, HvdliteTypeError, JoinError, MismatchError,
+                            NotInitializedError, PeerLostError, ShutdownError, StallError,
+                            StateError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
@@ -41,7 +43,12 @@ COMMON_NAMES = (
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
-    "ShutdownError", "PeerLostError",
+    "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
+    "StateError", "HorovodInternalError", "HostsUpdatedInterrupt",
 )
+
+# Not in __all__ (the bindings have their own elastic module, and no run):
+from hvdlite import elastic                       # noqa: E402  NumPy-level State, run
+from hvdlite.runner.function import run           # noqa: E402  Horovod's horovod.run
 
 __all__ = list(_OP_NAMES) + list(COMMON_NAMES) + ["COMMON_NAMES", "__version__"]

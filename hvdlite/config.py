@@ -56,6 +56,13 @@ def parse_nonneg_int(text: str) -> int:
     return value
 
 
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -185,6 +192,17 @@ class Config:
         "that a rank ending without MPI_Finalize (os._exit, killed) is reported by "
         "the others as PeerLostError and the job fails, instead of hydra silently "
         "killing every rank and exiting 0.")
+
+    elastic_dir: str = _knob(
+        "", str,
+        "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
+        "atomically on commit() (temporary file, fsync, rename) and a restarted job "
+        "resumes from it. hvdliterun --elastic sets a fresh one per launch; the SLURM "
+        "elastic template one per job id. Empty: commits stay in memory only.")
+    elastic_persist_every: int = _knob(
+        1, parse_positive_int,
+        "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
+        "stay in memory). A preempted job always writes its last commit.")
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

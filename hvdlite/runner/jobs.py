@@ -3,6 +3,7 @@
     hvdlite-jobs slurm --nodes 2 --gpus-per-node 4 -- python train.py --epochs 3
     hvdlite-jobs slurm --nodes 2 --tasks-per-node 2 -- python train.py
     hvdlite-jobs mpirun --nodes 2 --tasks-per-node 2 -- python train.py
+    hvdlite-jobs slurm --elastic --nodes 2 -- python train.py   # requeued on preemption
 
 The templates are working scripts themselves (``sbatch jobs/slurm_cpu.sbatch python
 train.py``); rendering sets their #SBATCH values and bakes in the command.
@@ -30,8 +31,13 @@ def template_dir() -> Path:
 
 def render(kind: str, nodes: int, tasks_per_node: Optional[int], gpus_per_node: int,
            cpus_per_task: Optional[int], job_name: Optional[str], time_limit: Optional[str],
-           partition: Optional[str], command: Sequence[str]) -> str:
-    if kind == "slurm":
+           partition: Optional[str], command: Sequence[str], elastic: bool = False) -> str:
+    if elastic:
+        if kind != "slurm" or gpus_per_node:
+            raise ValueError("--elastic renders the srun CPU template (jobs/slurm_elastic."
+                             "sbatch); combine it with neither mpirun nor --gpus-per-node")
+        name = "slurm_elastic.sbatch"
+    elif kind == "slurm":
         name = "slurm_gpu.sbatch" if gpus_per_node else "slurm_cpu.sbatch"
     else:
         name = "mpirun_allocation.sbatch"
@@ -66,6 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--job-name")
     parser.add_argument("--time", dest="time_limit", help="e.g. 01:00:00")
     parser.add_argument("--partition")
+    parser.add_argument("--elastic", action="store_true",
+                        help="requeue on preemption (USR1) and resume (hvd.elastic.run)")
     parser.add_argument("-o", "--output-file", help="write the script here instead of stdout")
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" is the training command, whatever options it carries.
@@ -77,8 +85,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.gpus_per_node and args.tasks_per_node and args.tasks_per_node != args.gpus_per_node:
         parser.error("with --gpus-per-node, hvdlite runs one rank per GPU: drop --tasks-per-node "
                      "or make it equal")
+    if args.elastic and (args.kind != "slurm" or args.gpus_per_node):
+        parser.error("--elastic goes with 'slurm' on CPUs (jobs/slurm_elastic.sbatch)")
     script = render(args.kind, args.nodes, args.tasks_per_node, args.gpus_per_node,
-                    args.cpus_per_task, args.job_name, args.time_limit, args.partition, command)
+                    args.cpus_per_task, args.job_name, args.time_limit, args.partition, command,
+                    args.elastic)
     if args.output_file:
         Path(args.output_file).write_text(script)
         os.chmod(args.output_file, 0o755)
