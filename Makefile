@@ -35,6 +35,9 @@ test-slurm: install
 
 # Overlapping process sets ([0,1] and [1,2]) need three ranks: those files also run at -n 3.
 OVERLAP_TESTS := tests/mpi/test_unnamed_ops.py tests/mpi/test_process_set_registry.py
+# Properties only a size that is not a power of two shows (Average's exact division):
+# also run at -n 3 (the size-specific tests skip at 2 and 4 and say why).
+NP3_TESTS := tests/mpi/test_scaling.py
 
 # Keras on the torch backend needs KERAS_BACKEND=torch before keras is imported: its own runs
 # (in the runs above the file skips itself).
@@ -42,7 +45,7 @@ KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py
 
 test-mpi: install
 	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
-	$(RUN_LIMIT) $(MPIEXEC) -n 3 $(MPI_PYTEST) $(OVERLAP_TESTS)
+	$(RUN_LIMIT) $(MPIEXEC) -n 3 $(MPI_PYTEST) $(OVERLAP_TESTS) $(NP3_TESTS)
 	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
 	KERAS_BACKEND=torch $(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) $(KERAS_TORCH_TESTS)
 	KERAS_BACKEND=torch $(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) $(KERAS_TORCH_TESTS)

@@ -2,7 +2,6 @@
 parameters of one process on the whole batch, and hold bitwise-identical copies."""
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Callable
 
