@@ -10,7 +10,7 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install demo demo-keras test test-unit test-slurm test-mpi bench clean
+.PHONY: install demo demo-keras test test-unit test-slurm test-mpi bench mutate clean
 
 install: $(VENV)/.installed
 
@@ -52,9 +52,19 @@ test-mpi: install
 
 test: test-unit test-slurm test-mpi
 
+# Mutation testing (cosmic-ray; not part of make test): every module mapped in
+# tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py
+MODULE ?=
+$(VENV)/.installed-mutate: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mutate]'
+	touch $@
+
+mutate: $(VENV)/.installed-mutate
+	nice -n 10 $(PY) tests/mutation/mutate.py $(MODULE)
+
 bench: install
 	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mutation build *.egg-info
