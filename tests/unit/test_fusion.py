@@ -64,6 +64,8 @@ def test_large_tensors_in_their_reduction_dtype_are_reduced_alone() -> None:
     assert _names(groups) == [["s1", "s2"], ["big"]]
     groups = fusion.plan_groups([small[0], big, small[1]], threshold=1 << 20, direct_bytes=1025)
     assert _names(groups) == [["s1", "big", "s2"]]
+    groups = fusion.plan_groups([small[0], big, small[1]], threshold=1 << 20, direct_bytes=512)
+    assert _names(groups) == [["s1", "s2"], ["big"]]         # larger than the bound: alone too
     # A half tensor is widened on the way in: never reduced in its own memory.
     halves = [_response("h1", 512, "float16"), _response("h2", 4, "float16")]
     assert _names(fusion.plan_groups(halves, threshold=1 << 20, direct_bytes=1024)) == [
