@@ -103,3 +103,25 @@ def test_buffers_grow_per_device_and_view_the_requested_dtype() -> None:
     other = buffers.view("cuda:0", np.dtype(np.int8), 5)
     assert not np.shares_memory(other, grown) and made[-1] == "cuda:0"
     assert not buffers.view("cpu", np.dtype(np.float32), 0).size
+
+
+def test_min_max_product_tensors_are_fused_like_sums() -> None:
+    for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, ReduceOp.AVERAGE):
+        responses = [_response(n, op=int(op)) for n in "ab"]
+        assert _names(fusion.plan_groups(responses, threshold=1 << 20)) == [["a", "b"]], op
+
+
+def test_default_direct_bound_is_the_configured_default() -> None:
+    from hvdlite.config import Config
+    assert fusion.DEFAULT_DIRECT_BYTES == Config().direct_threshold == 1 << 20
+    at, below = _response("at", (1 << 20) // 4), _response("below", (1 << 20) // 4 - 1)
+    small = _response("small", 4)
+    assert _names(fusion.plan_groups([small, at], threshold=1 << 30)) == [["small"], ["at"]]
+    assert _names(fusion.plan_groups([small, below], threshold=1 << 30)) == [["small", "below"]]
+
+
+def test_a_smaller_view_reuses_the_buffer() -> None:
+    buffers = fusion.FusionBuffers(lambda device: np)
+    large = buffers.view("cpu", np.dtype(np.float64), 8)
+    smaller = buffers.view("cpu", np.dtype(np.float32), 3)
+    assert np.shares_memory(large, smaller) and smaller.shape == (3,)
