@@ -158,3 +158,14 @@ def test_join_completes_when_every_rank_joined_and_names_the_last() -> None:
     coordinator.ingest(2, [(join, 0.0)])
     (done,) = coordinator.responses()
     assert done.result == 2
+
+
+def test_join_completes_beyond_small_integer_sizes() -> None:
+    """Counts are compared by value: CPython caches only small ints, so an identity
+    check would hold only for sets of up to 256 ranks."""
+    join = Descriptor(name="join", kind=Kind.JOIN)
+    coordinator = Coordinator(size=300)
+    for rank in range(300):
+        coordinator.ingest(rank, [(join, 0.0)])
+    (done,) = coordinator.responses()
+    assert done.result == 299 and len(done.joined) == 300
