@@ -330,7 +330,9 @@ def _scale(xp: Any, buf: Any, factor: float) -> None:
 
 class _Scale:
     """Post-reduction scaling. Average divides by the size rather than multiplying
-    by its reciprocal: 6 * (1/3) is 1.999..., which truncates to 1 for integers."""
+    by its reciprocal, which is not exact in float64 for a size that is not a
+    power of two: 5 * (1/3) is one ulp below 5/3, and 49 * (1/49) is 0.999...,
+    which truncates to 0 for integers."""
     __slots__ = ("factor", "divisor")
 
     def __init__(self, factor: float, divisor: int) -> None:
