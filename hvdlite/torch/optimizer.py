@@ -56,6 +56,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._op, self._process_set = op, process_set
         # Sparse gradients reduced by allgather, outside the reducer's dense path.
         self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._densified: list[torch.Tensor] = []   # sparse_as_dense: made sparse again after
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._by_key = {id(p): p for p in self._params}
         self._reducer = GradientReducer(
@@ -94,6 +95,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._optimizer!r})"
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """{parameter: name} as Horovod's optimizer has it (names are unique per rank
+        and the same on every rank)."""
+        return {param: self._reducer.names[id(param)] for param in self._params}
+
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         return self._optimizer.state_dict()
 
@@ -122,6 +129,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._sparse_pending[id(param)] = (param, handle)
                 return
             param.grad = param.grad.to_dense()
+            self._densified.append(param)
         self._reducer.submit(id(param), param.grad)
 
     def synchronize(self) -> None:
@@ -145,6 +153,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for param, handle in self._sparse_pending.values():
             param.grad = OPS["synchronize"](handle)
         self._sparse_pending.clear()
+        for param in self._densified:       # reduced dense; the optimizer (SparseAdam)
+            param.grad = param.grad.to_sparse()   # expects the gradient it produced
+        self._densified.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
