@@ -102,6 +102,23 @@ def _allocating(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
             f"{_fmt_time(ours):>10} | {in_place / ours:6.2f}x")
 
 
+def _adasum(comm: MPI.Comm, seconds: float) -> None:
+    """Adasum against Sum on the same buffers (power-of-two sizes only)."""
+    size = comm.Get_size()
+    if size & (size - 1):
+        say(f"\nAdasum: skipped (needs a power-of-two number of ranks, not {size})")
+        return
+    say("\nAdasum vs Sum (float32, out = allreduce(x))\n"
+        f"{'size':>9} | {'Sum':>10} | {'Adasum':>10} | Adasum / Sum")
+    for nbytes in (1 << 20, 16 << 20):
+        x = np.random.default_rng(hvd.rank()).standard_normal(nbytes // 4).astype(np.float32)
+        times = {op: seconds_per_call(lambda: hvd.allreduce(x, op=getattr(hvd, op),
+                                                            name=f"adasum.{op}"), seconds, comm)
+                 for op in ("Sum", "Adasum")}
+        say(f"{_fmt_size(nbytes):>9} | {_fmt_time(times['Sum']):>10} | "
+            f"{_fmt_time(times['Adasum']):>10} | {times['Adasum'] / times['Sum']:6.2f}x")
+
+
 def _many_small(comm: MPI.Comm, seconds: float) -> None:
     small = [np.zeros(1024, dtype=np.float32) for _ in range(200)]
     big = np.zeros(200 * 1024, dtype=np.float32)
@@ -136,7 +153,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--max-mib", type=int, default=64, help="largest size (MiB)")
     parser.add_argument("--seconds", type=float, default=0.3, help="timed loop per cell")
     parser.add_argument("--lone-repeats", type=int, default=200, help="lone ops to time")
-    parser.add_argument("--only", choices=("all", "lone", "allocating", "small"), default="all")
+    parser.add_argument("--only", choices=("all", "lone", "allocating", "small", "adasum"),
+                        default="all")
     args = parser.parse_args(argv)
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()   # the baseline's own communicator
@@ -155,4 +173,6 @@ def main(argv: Sequence[str]) -> None:
         _allocating(comm, [n for n in sizes if n >= 1 << 20], args.seconds)
     if args.only in ("all", "small"):
         _many_small(comm, args.seconds)
+    if args.only in ("all", "adasum"):
+        _adasum(comm, args.seconds)
     hvd.shutdown()
