@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from typing import Callable, Sequence
 
 from hvdlite.bench import launches
@@ -130,12 +131,19 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--rounds", type=int, default=5, help="interleaved launches per method")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed loop per launch")
+    parser.add_argument("--report-cost", action="store_true",
+                        help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
     rows = []
     for np_ in args.np:
         for model in args.models:
-            methods = [launches.Method(m, ("training-worker", "--method", m, "--model", model,
-                                           "--seconds", str(args.seconds))) for m in METHODS]
+            def method(label: str, name: str, env: tuple = ()) -> launches.Method:
+                return launches.Method(label, ("training-worker", "--method", name, "--model",
+                                               model, "--seconds", str(args.seconds)), env)
+            methods = [method(m, m) for m in METHODS]
+            if args.report_cost:
+                methods.append(method("hvdlite_report", "hvdlite", (
+                    ("HVDLITE_REPORT", os.path.join(tempfile.gettempdir(), "hvdlite-bench-report")),)))
             rows.append((model, np_, launches.interleaved(
                 methods, np_, args.rounds, "samples_per_s", progress=f"training {model}")))
     print(f"\nTraining throughput, samples/s (global batch; one thread per rank; SGD with "
@@ -149,3 +157,8 @@ def main(argv: Sequence[str]) -> None:
         print(f"{model:>5} {np_:>3} | {cells} | "
               f"{launches.ratio(samples['hvdlite'], samples['ddp_gloo']):>17} "
               f"{launches.ratio(samples['hvdlite'], samples['hand_fused']):>17}")
+        if "hvdlite_report" in samples:
+            print(f"{'':>9} | with HVDLITE_REPORT: {samples['hvdlite_report'].median:7.0f} "
+                  f"{samples['hvdlite_report'].spread():>5}, "
+                  f"{launches.ratio(samples['hvdlite_report'], samples['hvdlite'])} of hvdlite "
+                  "without it (the cost of recording)")
