@@ -30,7 +30,8 @@ from mpi4py import MPI
 from hvdlite.core import exit_guard, failure, liveness, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
-from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, SetState,
+                                   round_vector)
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
@@ -40,7 +41,6 @@ from hvdlite.errors import (DuplicateNameError, HvdliteError, PeerLostError, Shu
                             StallError, error_class)
 
 _log = logging.getLogger("hvdlite")
-_NO_FULL_ROUND = np.uint64(1)   # flag bit: "this rank needs no full round"
 _IDLE_BACKOFF_DOUBLINGS = 3   # idle ticks slow down to at most 8 cycles apart
 _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
 
@@ -194,7 +194,7 @@ class Engine:
                     for s, v in zip(members, vectors)]
         self._waiter.wait(requests)
         for state, vector in zip(members, vectors):
-            if vector[0] & _NO_FULL_ROUND:
+            if vector[0] & NO_FULL_ROUND:
                 bits = state.cache.bits_of(vector[1:])
                 self._dispatch(state, self._cached_responses(state, bits), cached=True,
                                plan_key=(state.set_id, tuple(bits)))
@@ -239,26 +239,9 @@ class Engine:
                     self.peer_wait.submitted(request.submitted_at)
 
     def _round_vector(self, state: SetState) -> np.ndarray:
-        vector = np.zeros(1 + state.cache.words, dtype=np.uint64)
         need_full = state.set_id in self._stall_messages or (
             state.set_id == GLOBAL_SET_ID and self._shutdown_requested)
-        report_after = stall.report_after(self.config)
-        now = time.monotonic()
-        bits = []
-        for request in state.pending.values():
-            bit = state.cache.bit_for(request)
-            if bit is None:
-                need_full = True
-            else:
-                bits.append(bit)
-            if report_after is not None and not request.stall_reported and (
-                    now - request.submitted_at > report_after):
-                request.stall_reported = True
-                need_full = True
-        state.cache.set_bits(bits, vector[1:])
-        if not need_full:
-            vector[0] = _NO_FULL_ROUND
-        return vector
+        return round_vector(state, need_full, stall.report_after(self.config))
 
     def _while_waiting(self, started: float, now: float) -> None:
         """A round has been incomplete for a tick: run what otherwise runs only

@@ -1,4 +1,4 @@
-"""The engine's one registry of process sets.
+"""The engine's one registry of process sets, and each set's word in a round.
 
 It allocates set ids, splits and frees each set's communicator, opens and
 closes the set on every backend, and fails the set's pending requests when
@@ -11,8 +11,10 @@ are never reused: a removed set's id stays retired, so a stale
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, Iterable, Optional
 
+import numpy as np
 from mpi4py import MPI
 
 from hvdlite.core.cache import ResponseCache
@@ -98,3 +100,30 @@ class ProcessSetRegistry:
     def close_all(self) -> None:
         for set_id in sorted(self._members):
             self._on_close(set_id)
+
+
+NO_FULL_ROUND = np.uint64(1)   # flag bit of a round vector: "this rank needs no full round"
+
+
+def round_vector(state: SetState, need_full: bool, report_after: Optional[float]) -> np.ndarray:
+    """This rank's word for the set's next negotiation round: the cache bits of its
+    pending requests, and the flag saying whether a full round can be skipped. A
+    request the cache does not know, or one pending longer than ``report_after``
+    seconds (it must be reported as a stall once), needs a full round."""
+    vector = np.zeros(1 + state.cache.words, dtype=np.uint64)
+    now = time.monotonic()
+    bits = []
+    for request in state.pending.values():
+        bit = state.cache.bit_for(request)
+        if bit is None:
+            need_full = True
+        else:
+            bits.append(bit)
+        if report_after is not None and not request.stall_reported and (
+                now - request.submitted_at > report_after):
+            request.stall_reported = True
+            need_full = True
+    state.cache.set_bits(bits, vector[1:])
+    if not need_full:
+        vector[0] = NO_FULL_ROUND
+    return vector
