@@ -1,4 +1,5 @@
-"""Which MPI launcher is at hand, and the flags each one needs."""
+"""Which MPI is at hand (the library mpi4py loads, and the launcher beside it), and
+what each one needs: launcher flags, and the srun plugin that starts its ranks."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,10 +64,57 @@ def env_arguments(flavor: str, env: dict[str, str]) -> list[str]:
 
 def flavor_flags(flavor: str, np: int, slots: Optional[int]) -> list[str]:
     """Open MPI refuses root without --allow-run-as-root and more ranks than cores
-    without --oversubscribe; hydra needs neither."""
+    without --oversubscribe; hydra needs neither. Open MPI also binds each rank to
+    one core by default, where hydra binds nothing: a rank runs hvdlite's engine
+    thread beside its own (and torch's) threads, which one core would serialize."""
     if flavor != "openmpi":
         return []
-    flags = ["--oversubscribe"] if slots is None or np > slots else []
+    flags = ["--bind-to", "none"]
+    if slots is None or np > slots:
+        flags.append("--oversubscribe")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         flags.append("--allow-run-as-root")
     return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The MPI library mpi4py loads."""
+    flavor: str      # "openmpi", or "mpich" for MPICH and its derivatives
+    version: str     # the first line of MPI_Get_library_version
+
+    @property
+    def name(self) -> str:
+        return "Open MPI" if self.flavor == "openmpi" else "MPICH"
+
+    @property
+    def srun_mpi(self) -> str:
+        """The plugin that lets ``srun`` start this MPI's ranks as one world: Open MPI 5
+        speaks only PMIx; MPICH (the PyPI wheel included), Intel MPI and MVAPICH speak PMI-2."""
+        return "pmix" if self.flavor == "openmpi" else "pmi2"
+
+
+def library_from_version(text: str) -> Library:
+    text = text.replace("\x00", "")   # Open MPI's string carries its C terminator
+    first = " ".join((text.strip().splitlines() or [""])[0].split())
+    # "Open MPI v5.0.11, package: ..., ident: ...": the build details are noise here.
+    return Library("openmpi" if "Open MPI" in text else "mpich", first.split(", package:")[0])
+
+
+_PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+          "from mpi4py import MPI; print(MPI.Get_library_version())")
+
+
+def library(python: Optional[str] = None) -> Library:
+    """The MPI library that ``python`` (default: this one) loads through mpi4py, asked
+    without initializing MPI (MPI_Get_library_version may precede MPI_Init), in a child
+    process unless mpi4py.MPI is loaded here already, so a launcher or renderer never
+    starts an MPI of its own."""
+    module = sys.modules.get("mpi4py.MPI")
+    if python is None and module is not None:
+        return library_from_version(module.Get_library_version())
+    done = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"mpi4py could not load an MPI library: {done.stderr.strip()}")
+    return library_from_version(done.stdout)
