@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from hvdlite.core.mpi_library import Library, library_from_version
+
 
 @dataclasses.dataclass(frozen=True)
 class Launcher:
@@ -75,30 +77,6 @@ def flavor_flags(flavor: str, np: int, slots: Optional[int]) -> list[str]:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         flags.append("--allow-run-as-root")
     return flags
-
-
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """The MPI library mpi4py loads."""
-    flavor: str      # "openmpi", or "mpich" for MPICH and its derivatives
-    version: str     # the first line of MPI_Get_library_version
-
-    @property
-    def name(self) -> str:
-        return "Open MPI" if self.flavor == "openmpi" else "MPICH"
-
-    @property
-    def srun_mpi(self) -> str:
-        """The plugin that lets ``srun`` start this MPI's ranks as one world: Open MPI 5
-        speaks only PMIx; MPICH (the PyPI wheel included), Intel MPI and MVAPICH speak PMI-2."""
-        return "pmix" if self.flavor == "openmpi" else "pmi2"
-
-
-def library_from_version(text: str) -> Library:
-    text = text.replace("\x00", "")   # Open MPI's string carries its C terminator
-    first = " ".join((text.strip().splitlines() or [""])[0].split())
-    # "Open MPI v5.0.11, package: ..., ident: ...": the build details are noise here.
-    return Library("openmpi" if "Open MPI" in text else "mpich", first.split(", package:")[0])
 
 
 _PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
