@@ -13,13 +13,16 @@ from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, 
                                  gloo_built, mpi_built, mpi_enabled, nccl_built,
                                  start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.api.report import traffic
 from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
                                  local_device, local_rank, local_size, mpi_threads_supported,
                                  rank, shutdown, size)
 from hvdlite.api.compression import Compression
-from hvdlite.errors import (ConfigError, DuplicateNameError, HvdliteError, HvdliteTypeError,
-                            JoinError, MismatchError, NotInitializedError, PeerLostError,
-                            ShutdownError, StallError, UsageError)
+from hvdlite.errors import (CollectiveFailedError, ConfigError, DuplicateNameError,
+                            HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
+                            HvdliteError, HvdliteTypeError, JoinError, MismatchError,
+                            NotInitializedError, PeerLostError, ShutdownError, StallError,
+                            StateError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
@@ -35,12 +38,17 @@ COMMON_NAMES = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "local_device", "mpi_threads_supported",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline",
+    "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "traffic",
     "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
-    "ShutdownError", "PeerLostError",
+    "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
+    "StateError", "HorovodInternalError", "HostsUpdatedInterrupt",
 )
+
+# Not in __all__ (the bindings have their own elastic module, and no run):
+from hvdlite import elastic                       # noqa: E402  NumPy-level State, run
+from hvdlite.runner.function import run           # noqa: E402  Horovod's horovod.run
 
 __all__ = list(_OP_NAMES) + list(COMMON_NAMES) + ["COMMON_NAMES", "__version__"]

@@ -56,6 +56,13 @@ def parse_nonneg_int(text: str) -> int:
     return value
 
 
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -107,11 +114,20 @@ class Config:
         "amortizes per-op latency over small tensors; for large ones the two copies "
         "in and out of the buffer cost more than the latency saved (measured on the "
         "MLP benchmark: packing 7.4 MB of gradients cost ~1.5 ms of CPU per step).")
+    output_pool: int = _knob(
+        256 << 20, parse_bytes,
+        "Bytes of idle memory kept for recycling the outputs of out = allreduce(x) "
+        "on the CPU (outputs of 1 MiB and more). A fresh large output page-faults "
+        "on every 4 KiB while it is written, which costs as much as a fast "
+        "allreduce; a loop that drops last step's output reuses its memory. "
+        "0 allocates every output anew.")
     allreduce: str = _knob(
-        "auto", _choice("auto", "mpi", "ring"),
+        "auto", _choice("auto", "mpi", "ring", "ps"),
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "
-        "point-to-point with persistent buffers) or 'auto' (mpi below "
-        "HVDLITE_RING_THRESHOLD bytes, ring from there on).")
+        "point-to-point with persistent buffers), 'auto' (mpi below "
+        "HVDLITE_RING_THRESHOLD bytes, ring from there on) or 'ps' (parameter "
+        "server: every rank sends its buffer to the process set's rank 0, which "
+        "reduces and sends the result back; for comparison, never faster).")
     gpu_allreduce: str = _knob(
         "nccl", _choice("nccl", "mpi"),
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
@@ -144,6 +160,12 @@ class Config:
         "Path of a Chrome-trace JSON file that rank 0 writes with negotiate, queue, "
         "memcpy and collective spans per tensor (open in chrome://tracing or "
         "Perfetto). Empty disables.")
+    report: str = _knob(
+        "", str,
+        "Directory where rank 0 writes report.json, report.txt and report.png at "
+        "shutdown: per rank step time, compute, time blocked on communication, time "
+        "waiting for slower peers, bytes moved and peak memory, the stragglers and "
+        "a verdict (see 'Why is my training slow?'). Empty disables recording.")
     log_level: str = _knob(
         "warning", _choice("debug", "info", "warning", "error"),
         "Level of the 'hvdlite' logger.")
@@ -170,6 +192,17 @@ class Config:
         "that a rank ending without MPI_Finalize (os._exit, killed) is reported by "
         "the others as PeerLostError and the job fails, instead of hydra silently "
         "killing every rank and exiting 0.")
+
+    elastic_dir: str = _knob(
+        "", str,
+        "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
+        "atomically on commit() (temporary file, fsync, rename) and a restarted job "
+        "resumes from it. hvdliterun --elastic sets a fresh one per launch; the SLURM "
+        "elastic template one per job id. Empty: commits stay in memory only.")
+    elastic_persist_every: int = _knob(
+        1, parse_positive_int,
+        "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
+        "stay in memory). A preempted job always writes its last commit.")
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

@@ -48,19 +48,46 @@ class MismatchError(HvdliteError):
     rank's arguments were invalid (every rank raises this, naming that rank)."""
 
 
+class CollectiveFailedError(HvdliteError):
+    """A collective could not complete: the engine stopped, a peer was lost or a tensor
+    stalled. Horovod's ``HorovodInternalError``: ``hvd.elastic.run`` restores the last
+    commit and retries where the world is still whole, else the job ends and
+    ``hvdliterun --elastic`` restarts it."""
+
+
+HorovodInternalError = CollectiveFailedError
+
+
+class HostsUpdatedError(HvdliteError):
+    """The set of hosts changed; ``hvd.elastic.run`` resets without restoring.
+    Horovod's ``HostsUpdatedInterrupt`` (same ``skip_sync`` argument)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__(f"the set of hosts changed (skip_sync={skip_sync})")
+        self.skip_sync = skip_sync
+
+
+HostsUpdatedInterrupt = HostsUpdatedError
+
+
+class StateError(UsageError):
+    """An elastic State cannot be committed or loaded (an attribute that cannot be
+    pickled, a committed file that cannot be read)."""
+
+
 class JoinError(HvdliteError):
     """A collective other than allreduce ran while some rank had joined."""
 
 
-class StallError(HvdliteError):
+class StallError(CollectiveFailedError):
     """Some ranks waited on a tensor longer than HVDLITE_STALL_SHUTDOWN_TIME."""
 
 
-class ShutdownError(HvdliteError):
+class ShutdownError(CollectiveFailedError):
     """hvdlite was shut down (here or on another rank); collectives cannot complete."""
 
 
-class PeerLostError(HvdliteError):
+class PeerLostError(CollectiveFailedError):
     """A peer rank exited or stopped answering; no collective can complete without it."""
 
 

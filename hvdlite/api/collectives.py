@@ -31,6 +31,12 @@ def _returning(adapter: TensorAdapter, tensor: Any, inplace: bool) -> Finish:
     return adapter.from_array
 
 
+def _fresh_output(source: Input) -> Any:
+    if source.device == "cpu":
+        return runtime.RUNTIME.outputs.empty(source.array.shape, source.array.dtype)
+    return array_namespace(source.device).empty_like(source.array)
+
+
 def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool] = None,
                     name: Optional[str] = None, op: Optional[int] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -45,7 +51,7 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
         if inplace:
             output, writeback = inplace_output(source, "allreduce_")
         else:
-            output, writeback = array_namespace(source.device).empty_like(source.array), None
+            output, writeback = _fresh_output(source), None
         prescale = check_scale(prescale_factor, "prescale_factor")
         postscale = check_scale(postscale_factor, "postscale_factor")
     except ARGUMENT_ERRORS as error:

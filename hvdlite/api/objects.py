@@ -31,10 +31,11 @@ def _base_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (pickled; root_rank within the set)."""
+    """Return ``root_rank``'s ``obj`` on every rank of the set (pickled; ``root_rank``
+    is a global rank, as in Horovod)."""
     base = _base_name("broadcast_object", name, process_set)
     _, ranks = submission.set_ranks(process_set)
-    is_root = runtime.rank() in ranks and ranks.index(runtime.rank()) == root_rank
+    is_root = runtime.rank() == root_rank
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
     length = _broadcast(length, root_rank, f"{base}.len", process_set)

@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from hvdlite.api.output_pool import OutputPool
 from hvdlite.config import Config
 from hvdlite.errors import NotInitializedError, UsageError
 
@@ -33,6 +34,9 @@ class Runtime:
     name_counters: dict[tuple, int] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
+    outputs: OutputPool = dataclasses.field(default_factory=lambda: OutputPool(0))
+    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT is set
+    gpu_sampler: Any = None   # its api.report.GpuSampler
 
 
 RUNTIME = Runtime()
@@ -57,6 +61,11 @@ def start(comm: Any = None) -> None:
         topology = engine.start()
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
         RUNTIME.name_counters.clear()
+        RUNTIME.outputs = OutputPool(config.output_pool)
+        RUNTIME.recorder = RUNTIME.gpu_sampler = None
+        if config.report:
+            from hvdlite.api import report
+            RUNTIME.recorder, RUNTIME.gpu_sampler = report.start(engine)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
@@ -87,7 +96,13 @@ def _configure_logging(config: Config, rank: int) -> None:
 
 
 def shutdown() -> None:
-    """Stop the engine. Other ranks' later collectives fail with ShutdownError."""
+    """Stop the engine. Other ranks' later collectives fail with ShutdownError.
+    With HVDLITE_REPORT set, every rank first sends its record to rank 0, which
+    writes the report (a collective, like the shutdown itself)."""
+    recorder, RUNTIME.recorder = RUNTIME.recorder, None
+    if recorder is not None and RUNTIME.engine is not None and RUNTIME.engine.dead is None:
+        from hvdlite.api import report
+        report.finish(recorder, RUNTIME.gpu_sampler, RUNTIME.config.report)
     with RUNTIME.lock:
         engine, RUNTIME.engine = RUNTIME.engine, None
         RUNTIME.topology = None

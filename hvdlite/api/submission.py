@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -53,6 +54,17 @@ def synchronize(handle: Handle) -> Any:
     engine = runtime.RUNTIME.engine
     if engine is None:
         raise runtime.NotInitializedError("hvdlite.synchronize()")
+    recorder = runtime.RUNTIME.recorder
+    if recorder is None:
+        return _wait(engine, handle)
+    started = time.perf_counter()       # HVDLITE_REPORT: time blocked in collectives
+    try:
+        return _wait(engine, handle)
+    finally:
+        recorder.collective_wait(time.perf_counter() - started)
+
+
+def _wait(engine: Any, handle: Handle) -> Any:
     if isinstance(handle, GroupHandle):
         return [engine.handles.wait(h) for h in handle.handles]
     return engine.handles.wait(handle)
@@ -76,7 +88,7 @@ def set_ranks(process_set: Optional[ProcessSet]) -> tuple[int, tuple[int, ...]]:
 
 class Call:
     """One collective call: its set, its name, and submission (or a marker)."""
-    __slots__ = ("kind", "set_id", "set_size", "name", "thread", "engine")
+    __slots__ = ("kind", "set_id", "set_size", "ranks", "name", "thread", "engine")
 
     def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet],
                  auto_kind: Optional[str] = None) -> None:
@@ -87,6 +99,7 @@ class Call:
         if process_set is None or process_set is global_process_set:
             # The common case, taken once per tensor: no rank list, no membership test.
             self.set_id, self.set_size = 0, runtime.RUNTIME.topology.size
+            self.ranks: Optional[tuple[int, ...]] = None     # every rank, in order
         else:
             self.set_id, ranks = set_ranks(process_set)
             me = runtime.rank()
@@ -94,7 +107,7 @@ class Call:
                 raise UsageError(f"rank {me} is not in process set {self.set_id} (ranks "
                                  f"{list(ranks)}); only its members may call {kind.value} "
                                  "on it")
-            self.set_size = len(ranks)
+            self.set_size, self.ranks = len(ranks), ranks
         self.thread = ""
         if name is None:
             name, self.thread = runtime.next_name(self.set_id, auto_kind or kind.value)
@@ -246,10 +259,18 @@ def check_scale(value: float, label: str) -> float:
 
 
 def check_root(root_rank: int, call: Call) -> int:
+    """The root's rank within the call's set. ``root_rank`` is a global rank, as in
+    Horovod, also for a process set: it must be one of the set's members."""
     root = int(root_rank)
-    if not 0 <= root < call.set_size:
-        raise UsageError(f"root_rank={root_rank} is outside the process set of size "
-                         f"{call.set_size} (valid: 0..{call.set_size - 1})")
-    return root
+    if call.ranks is None:
+        if not 0 <= root < call.set_size:
+            raise UsageError(f"root_rank={root_rank} is outside the job's ranks "
+                             f"0..{call.set_size - 1}")
+        return root
+    if root not in call.ranks:
+        raise UsageError(f"root_rank={root_rank} is not a member of process set {call.set_id} "
+                         f"(ranks {list(call.ranks)}); root_rank is a global rank, as in "
+                         "Horovod: pick one of the set's ranks")
+    return call.ranks.index(root)
 
 

@@ -112,9 +112,12 @@ class AdasumBackend(HostBackend):
             raise ValueError(f"Adasum needs a power-of-two process set, got {size} ranks")
         if np.dtype(buf.dtype) not in _FLOATS:
             raise TypeError(f"Adasum reduces float32/float64 buffers, got {buf.dtype}")
+        sent = received = 0
         if size > 1 and buf.size:
             ranges = self._reduce_scatter(comm, buf)
+            sent = received = _moved(buf.itemsize, ranges)
             self._allgather(comm, buf, ranges)
+        self.traffic.add("allreduce", sent, received)
         return DONE
 
     def _receive_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
@@ -182,3 +185,16 @@ def _group_sum(comm: MPI.Comm, rank: int, values: np.ndarray, level: int) -> Any
         values = values + received
         step <<= 1
     return values
+
+
+def _moved(itemsize: int, ranges: list[tuple[int, int]]) -> int:
+    """Bytes this rank sends (and, symmetrically, receives) in one Adasum allreduce,
+    from the ranges it held before each level: at each level it sends one half of
+    its range and receives the other (halving), sums three float64 partials with
+    partners rank ^ 1, ^ 2, ..., ^ level, and in the allgather sends the half it
+    kept and receives the half it gave away."""
+    moved, level = 0, 1
+    for lo, hi in ranges[:-1]:
+        moved += (hi - lo) * itemsize + 3 * 8 * level.bit_length()
+        level <<= 1
+    return moved

@@ -16,7 +16,7 @@ the engine completes the handles once ``done()`` says so.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -71,6 +71,11 @@ class Backend(Protocol):
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Work:
         """Reduce ``buf`` in place across the set."""
 
+    # Optional: ``allreduce_from(set_id, source, buf, op) -> Work`` reduces ``source``
+    # into ``buf`` (``buf`` is not read). The executor uses it, where a backend has
+    # it, for ``out = allreduce(x)``: copying x into a fresh output first costs
+    # as much as a fast allreduce of it.
+
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
                   counts: Sequence[int]) -> Work:
         """Concatenate every rank's ``send`` into ``recv``; rank r sends ``counts[r]``
@@ -90,13 +95,50 @@ class Backend(Protocol):
         rank order) lands in ``out``. ``buf`` may be clobbered."""
 
 
+# The elementwise reductions of the host backends (Average is a Sum; the executor
+# divides afterwards, together with the postscale factor).
+UFUNCS: dict[ReduceOp, Callable[..., Any]] = {
+    ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
+
+
+class Traffic:
+    """Bytes one backend sent and received for this rank, per collective kind.
+
+    ``exact`` says whether the counts are what this rank put on and took off the
+    wire (hvdlite's own point-to-point algorithms) or an estimate (MPI's own
+    collectives, whose algorithm MPI chooses). Only the engine thread writes;
+    each update replaces one immutable tuple, and ``snapshot`` copies the dict
+    (one C-level operation under the GIL), so a user thread reading it never
+    sees a half-updated count and needs no lock.
+    """
+    __slots__ = ("exact", "totals", "_by_kind")
+
+    def __init__(self, exact: bool = True) -> None:
+        self.exact = exact
+        self.totals = (0, 0)                                   # (sent, received), every kind
+        self._by_kind: dict[str, tuple[int, int, int]] = {}   # kind -> (calls, sent, received)
+
+    def add(self, kind: str, sent: int, received: int) -> None:
+        calls, total_sent, total_received = self._by_kind.get(kind, (0, 0, 0))
+        self._by_kind[kind] = (calls + 1, total_sent + int(sent), total_received + int(received))
+        self.totals = (self.totals[0] + int(sent), self.totals[1] + int(received))
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {kind: {"calls": calls, "sent": sent, "received": received}
+                for kind, (calls, sent, received) in dict(self._by_kind).items()}
+
+
 class HostBackend:
     """What the MPI-based host backends share: the set's MPI communicator is theirs
-    to use directly, and half types are reduced widened (see widened_dtype)."""
+    to use directly, half types are reduced widened (see widened_dtype), and a
+    byte counter (``traffic``)."""
     name = "host"
+    exact_traffic = True
 
     def __init__(self) -> None:
         self._comms: dict[int, Any] = {}
+        self.traffic = Traffic(self.exact_traffic)
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
@@ -106,6 +148,12 @@ class HostBackend:
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)
+
+    def allreduce_from(self, set_id: int, source: np.ndarray, buf: np.ndarray,
+                       op: ReduceOp) -> Work:
+        """Out of place by a copy; backends that can do better override this."""
+        buf[...] = source
+        return self.allreduce(set_id, buf, op)   # type: ignore[attr-defined]
 
 
 # MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage

@@ -8,17 +8,13 @@ allocates (and page-faults) a fresh temporary.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends.base import DONE, Done, HostBackend, even_counts, segment_bounds
+from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, even_counts, segment_bounds
 from hvdlite.reduce_op import ReduceOp
-
-_UFUNCS: dict[ReduceOp, Callable[..., np.ndarray]] = {
-    ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
 
 _TAG_REDUCE, _TAG_GATHER = 71, 72
 
@@ -66,33 +62,56 @@ class RingBackend(HostBackend):
         return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
+        return self.allreduce_from(set_id, buf, buf, op)
+
+    def allreduce_from(self, set_id: int, source: np.ndarray, buf: np.ndarray,
+                       op: ReduceOp) -> Done:
+        """Out of place for free: every segment of ``buf`` is first written by a
+        reduction (reading ``source``) or by the allgather, never read before."""
         comm = self._comms[set_id]
         size = comm.Get_size()
+        sent = received = 0
         if size > 1 and buf.size:
             bounds = segment_bounds(even_counts(buf.size, size))
-            self._reduce_scatter(comm, buf, bounds, op)
-            self._allgather(comm, buf, bounds)
+            sent, received = self._reduce_scatter(comm, buf, bounds, op, source)
+            more_sent, more_received = self._allgather(comm, buf, bounds)
+            sent, received = sent + more_sent, received + more_received
+        elif source is not buf:
+            buf[...] = source
+        self.traffic.add("allreduce", sent * buf.itemsize, received * buf.itemsize)
         return DONE
 
     def reducescatter(self, set_id: int, buf: np.ndarray, counts: Sequence[int],
                       out: np.ndarray, op: ReduceOp) -> Done:
         comm = self._comms[set_id]
         bounds = segment_bounds(counts)
+        sent = received = 0
         if comm.Get_size() > 1:
-            self._reduce_scatter(comm, buf, bounds, op)
+            sent, received = self._reduce_scatter(comm, buf, bounds, op, buf)
+        self.traffic.add("reducescatter", sent * buf.itemsize, received * buf.itemsize)
         start, end = bounds[comm.Get_rank()]
         out[...] = buf[start:end]
         return DONE
 
     def _reduce_scatter(self, comm: MPI.Comm, buf: np.ndarray,
-                        bounds: Sequence[tuple[int, int]], op: ReduceOp) -> None:
+                        bounds: Sequence[tuple[int, int]], op: ReduceOp,
+                        source: np.ndarray) -> tuple[int, int]:
+        """Rank r ends with segment r of the reduction in ``buf``. Each step reduces
+        the received piece with this rank's own contribution from ``source`` into
+        ``buf``, and the next step sends what the previous one reduced, so only the
+        first send reads ``source``. Returns the elements sent and received (every
+        segment but one each way)."""
         rank, size = comm.Get_rank(), comm.Get_size()
         right, left = (rank + 1) % size, (rank - 1) % size
         chunk = max(1, self.chunk_bytes // buf.itemsize)
         scratch = self._scratch_pair(buf.dtype, chunk)
-        ufunc = _UFUNCS[op]
-        for send_seg, recv_seg in reduce_scatter_schedule(rank, size):
-            sends = [comm.Isend(buf[s:e], dest=right, tag=_TAG_REDUCE)
+        ufunc = UFUNCS[op]
+        sent = received = 0
+        for step, (send_seg, recv_seg) in enumerate(reduce_scatter_schedule(rank, size)):
+            sent += bounds[send_seg][1] - bounds[send_seg][0]
+            received += bounds[recv_seg][1] - bounds[recv_seg][0]
+            outgoing = source if step == 0 else buf
+            sends = [comm.Isend(outgoing[s:e], dest=right, tag=_TAG_REDUCE)
                      for s, e in chunk_bounds(*bounds[send_seg], chunk)]
             pieces = chunk_bounds(*bounds[recv_seg], chunk)
             pending = self._post_recv(comm, scratch[0], pieces, 0, left) if pieces else None
@@ -100,8 +119,9 @@ class RingBackend(HostBackend):
                 pending.Wait()
                 if i + 1 < len(pieces):
                     pending = self._post_recv(comm, scratch[(i + 1) % 2], pieces, i + 1, left)
-                ufunc(buf[s:e], scratch[i % 2][: e - s], out=buf[s:e])
+                ufunc(source[s:e], scratch[i % 2][: e - s], out=buf[s:e])
             MPI.Request.Waitall(sends)
+        return sent, received
 
     @staticmethod
     def _post_recv(comm: MPI.Comm, into: np.ndarray, pieces: Sequence[tuple[int, int]],
@@ -110,13 +130,18 @@ class RingBackend(HostBackend):
         return comm.Irecv(into[: e - s], source=source, tag=_TAG_REDUCE)
 
     def _allgather(self, comm: MPI.Comm, buf: np.ndarray,
-                   bounds: Sequence[tuple[int, int]]) -> None:
+                   bounds: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """Returns the elements sent and received."""
         rank, size = comm.Get_rank(), comm.Get_size()
         right, left = (rank + 1) % size, (rank - 1) % size
         chunk = max(1, self.chunk_bytes // buf.itemsize)
+        sent = received = 0
         for send_seg, recv_seg in allgather_schedule(rank, size):
+            sent += bounds[send_seg][1] - bounds[send_seg][0]
+            received += bounds[recv_seg][1] - bounds[recv_seg][0]
             requests = [comm.Irecv(buf[s:e], source=left, tag=_TAG_GATHER)
                         for s, e in chunk_bounds(*bounds[recv_seg], chunk)]
             requests += [comm.Isend(buf[s:e], dest=right, tag=_TAG_GATHER)
                          for s, e in chunk_bounds(*bounds[send_seg], chunk)]
             MPI.Request.Waitall(requests)
+        return sent, received

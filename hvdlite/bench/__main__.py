@@ -1,4 +1,4 @@
-"""Entry point: ``python -m hvdlite.bench allreduce [--max-mib 64]``."""
+"""Entry point: ``python -m hvdlite.bench {allreduce|training|traffic|gpu} [options]``."""
 from __future__ import annotations
 
 import sys
@@ -13,8 +13,13 @@ def _gpu(argv: Sequence[str]) -> None:
     gpu.main(argv)
 
 
+def _traffic(argv: Sequence[str]) -> None:
+    from hvdlite.bench import traffic
+    traffic.main(argv)
+
+
 COMMANDS = {"allreduce": allreduce.main, "training": training.main,
-            "training-worker": training.worker, "gpu": _gpu}
+            "training-worker": training.worker, "traffic": _traffic, "gpu": _gpu}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -10,6 +10,7 @@ per-link traffic of a bandwidth-optimal allreduce (as nccl-tests report it).
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +55,70 @@ def _latency(comm: MPI.Comm, seconds: float) -> None:
         f"{raw * 1e6:.1f} us (target: hvdlite < 100 us; Horovod 0.28 measured ~1100 us here)")
 
 
+def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
+    """A 4-byte allreduce right after a barrier, after an idle gap: the first gradient
+    of a step after compute, when the engine has gone idle. Median over repeats of
+    the slowest rank's time, and the engine's idle CPU use."""
+    tiny = np.zeros(1, dtype=np.float32)
+
+    def lone(op) -> float:  # type: ignore[no-untyped-def]
+        times = []
+        for _ in range(repeats):
+            time.sleep(idle_s)
+            comm.Barrier()
+            start = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - start)
+        slowest = np.array(times)
+        comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+        return float(np.median(slowest))
+
+    raw = lone(lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM))
+    ours = lone(lambda: hvd.allreduce_(tiny, op=hvd.Sum, name="lone"))
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    time.sleep(1.0)          # only the engine runs: its idle cost
+    idle = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
+    idle = comm.allreduce(idle, op=MPI.MAX)
+    say(f"\nLone 4-byte allreduce after a barrier and {idle_s * 1e3:.0f} ms idle (median of "
+        f"{repeats}): hvdlite {ours * 1e6:.1f} us, raw mpi4py {raw * 1e6:.1f} us "
+        f"(target: <= 60 us); idle engine CPU {idle * 100:.1f}% of a core")
+
+
+def _allocating(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
+    """The form users call, ``out = hvd.allreduce(x)``, which returns a new array,
+    against mpi4py's in-place Allreduce and its allocating form."""
+    say("\nAllocating allreduce (float32, Sum): out = hvd.allreduce(x) against mpi4py\n"
+        f"{'size':>9} | {'raw in place':>12} | {'raw allocating':>14} | {'hvdlite':>10} | "
+        "vs in place (target >= 1.0x from 4 MiB, 2x at 64 MiB)")
+    for nbytes in sizes:
+        x = np.zeros(nbytes // 4, dtype=np.float32)
+        in_place = seconds_per_call(lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
+                                    seconds, comm)
+        allocating = seconds_per_call(
+            lambda: comm.Allreduce(x, np.empty_like(x), op=MPI.SUM), seconds, comm)
+        ours = seconds_per_call(lambda: hvd.allreduce(x, op=hvd.Sum, name="alloc"),
+                                seconds, comm)
+        say(f"{_fmt_size(nbytes):>9} | {_fmt_time(in_place):>12} | {_fmt_time(allocating):>14} | "
+            f"{_fmt_time(ours):>10} | {in_place / ours:6.2f}x")
+
+
+def _adasum(comm: MPI.Comm, seconds: float) -> None:
+    """Adasum against Sum on the same buffers (power-of-two sizes only)."""
+    size = comm.Get_size()
+    if size & (size - 1):
+        say(f"\nAdasum: skipped (needs a power-of-two number of ranks, not {size})")
+        return
+    say("\nAdasum vs Sum (float32, out = allreduce(x))\n"
+        f"{'size':>9} | {'Sum':>10} | {'Adasum':>10} | Adasum / Sum")
+    for nbytes in (1 << 20, 16 << 20):
+        x = np.random.default_rng(hvd.rank()).standard_normal(nbytes // 4).astype(np.float32)
+        times = {op: seconds_per_call(lambda: hvd.allreduce(x, op=getattr(hvd, op),
+                                                            name=f"adasum.{op}"), seconds, comm)
+                 for op in ("Sum", "Adasum")}
+        say(f"{_fmt_size(nbytes):>9} | {_fmt_time(times['Sum']):>10} | "
+            f"{_fmt_time(times['Adasum']):>10} | {times['Adasum'] / times['Sum']:6.2f}x")
+
+
 def _many_small(comm: MPI.Comm, seconds: float) -> None:
     small = [np.zeros(1024, dtype=np.float32) for _ in range(200)]
     big = np.zeros(200 * 1024, dtype=np.float32)
@@ -87,6 +152,9 @@ def main(argv: Sequence[str]) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-mib", type=int, default=64, help="largest size (MiB)")
     parser.add_argument("--seconds", type=float, default=0.3, help="timed loop per cell")
+    parser.add_argument("--lone-repeats", type=int, default=200, help="lone ops to time")
+    parser.add_argument("--only", choices=("all", "lone", "allocating", "small", "adasum"),
+                        default="all")
     args = parser.parse_args(argv)
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()   # the baseline's own communicator
@@ -95,8 +163,16 @@ def main(argv: Sequence[str]) -> None:
         f"{runtime.config().fusion_threshold >> 20} MiB, ring from "
         f"{runtime.config().ring_threshold >> 10} KiB in auto")
     sizes = [4 << 10 << (2 * i) for i in range(20) if (4 << 10 << (2 * i)) <= args.max_mib << 20]
-    _size_table(comm, sizes, args.seconds)
-    _with_backend("auto", comm)
-    _latency(comm, args.seconds)
-    _many_small(comm, args.seconds)
+    if args.only == "all":
+        _size_table(comm, sizes, args.seconds)
+        _with_backend("auto", comm)
+        _latency(comm, args.seconds)
+    if args.only in ("all", "lone"):
+        _lone_op(comm, args.lone_repeats, 0.005)
+    if args.only in ("all", "allocating"):
+        _allocating(comm, [n for n in sizes if n >= 1 << 20], args.seconds)
+    if args.only in ("all", "small"):
+        _many_small(comm, args.seconds)
+    if args.only in ("all", "adasum"):
+        _adasum(comm, args.seconds)
     hvd.shutdown()

@@ -1,7 +1,10 @@
 """Training throughput: hvdlite's DistributedOptimizer against torch DDP over gloo
-and a hand-fused mpi4py loop, measured in the same processes, same run.
+and a hand-fused mpi4py loop (backward, one flat Allreduce, step), in one run.
 
     python -m hvdlite.bench training          # runs np=1 and np=2 itself, prints the table
+
+Each method and model runs in its own mpiexec launch, rounds interleave the
+methods, and the table gives medians with their spread (hvdlite/bench/launches.py).
 
 One thread per rank (torch.set_num_threads(1)). Samples/s counts the global
 batch (per-rank batch x ranks) over timed steps after warm-up.
@@ -11,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
+import tempfile
 from typing import Callable, Sequence
 
+from hvdlite.bench import launches
 from hvdlite.bench.timing import seconds_per_call
 
 MODELS = ("mlp", "cnn")
 METHODS = ("hvdlite", "ddp_gloo", "hand_fused")
+BATCH = {"mlp": 64, "cnn": 32}   # per rank
 
 
 def _build(name: str):  # type: ignore[no-untyped-def]
@@ -59,7 +63,7 @@ def _run_hand_fused(name: str, comm, seconds: float) -> float:  # type: ignore[n
     import torch
     from mpi4py import MPI
     model, data = _build(name)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     params = list(model.parameters())
     flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
 
@@ -83,7 +87,7 @@ def _run_ddp(name: str, comm, seconds: float) -> float:  # type: ignore[no-untyp
     try:
         model, data = _build(name)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         return _timed_steps(_loop(ddp, optimizer, data), seconds, comm)
     finally:
         dist.destroy_process_group()
@@ -95,8 +99,8 @@ def _run_hvdlite(name: str, comm, seconds: float) -> float:  # type: ignore[no-u
     hvd.init()
     try:
         model, data = _build(name)
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                             named_parameters=model.named_parameters())
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return _timed_steps(_loop(model, optimizer, data), seconds, comm)
     finally:
@@ -104,52 +108,57 @@ def _run_hvdlite(name: str, comm, seconds: float) -> float:  # type: ignore[no-u
 
 
 def worker(argv: Sequence[str]) -> None:
-    """Runs under mpiexec; rank 0 prints one JSON line of samples/s."""
+    """One method on one model, under mpiexec; rank 0 prints ``RESULT {json}``."""
     import torch
     from mpi4py import MPI
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--method", choices=METHODS, required=True)
+    parser.add_argument("--model", choices=MODELS, required=True)
+    parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD.Dup()
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused}
-    batch = {"mlp": 64, "cnn": 32}
-    best: dict[str, float] = {}
-    for _ in range(args.rounds):            # interleave methods; keep each one's best round
-        for model in MODELS:
-            for method in METHODS:
-                rate = runners[method](model, comm, args.seconds) * batch[model] * comm.Get_size()
-                key = f"{model}/{method}"
-                best[key] = max(best.get(key, 0.0), rate)
-                if comm.Get_rank() == 0 and args.verbose:
-                    print(f"{key}: {rate:.0f}", file=sys.stderr, flush=True)
+    rate = runners[args.method](args.model, comm, args.seconds) * BATCH[args.model] * comm.Get_size()
     if comm.Get_rank() == 0:
-        print("RESULT " + json.dumps({"np": comm.Get_size(), "samples_per_s": best}), flush=True)
+        print("RESULT " + json.dumps({"samples_per_s": rate}), flush=True)
 
 
 def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m hvdlite.bench training",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--seconds", type=float, default=3.0, help="timed loop per cell")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved launches per method")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed loop per launch")
+    parser.add_argument("--report-cost", action="store_true",
+                        help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    results = []
+    rows = []
     for np_ in args.np:
-        print(f"running np={np_} ...", file=sys.stderr, flush=True)
-        out = subprocess.run([mpiexec, "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
-                              "training-worker", "--seconds", str(args.seconds)],
-                             capture_output=True, text=True, check=True).stdout
-        line = next(l for l in out.splitlines() if l.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
-    print("\nTraining throughput, samples/s (global batch; one thread per rank; best of 3 "
-          "interleaved rounds)")
-    print(f"{'model':>5} {'np':>3} | {'hvdlite':>9} {'DDP gloo':>9} {'hand-fused':>10} | "
-          f"{'vs DDP':>7} {'vs hand-fused':>13}")
-    for result in results:
-        for model in MODELS:
-            rates = [result["samples_per_s"][f"{model}/{m}"] for m in METHODS]
-            print(f"{model:>5} {result['np']:>3} | {rates[0]:9.0f} {rates[1]:9.0f} {rates[2]:10.0f}"
-                  f" | {rates[0] / rates[1]:6.2f}x {rates[0] / rates[2]:12.2f}x")
+        for model in args.models:
+            def method(label: str, name: str, env: tuple = ()) -> launches.Method:
+                return launches.Method(label, ("training-worker", "--method", name, "--model",
+                                               model, "--seconds", str(args.seconds)), env)
+            methods = [method(m, m) for m in METHODS]
+            if args.report_cost:
+                methods.append(method("hvdlite_report", "hvdlite", (
+                    ("HVDLITE_REPORT", os.path.join(tempfile.gettempdir(), "hvdlite-bench-report")),)))
+            rows.append((model, np_, launches.interleaved(
+                methods, np_, args.rounds, "samples_per_s", progress=f"training {model}")))
+    print(f"\nTraining throughput, samples/s (global batch; one thread per rank; SGD with "
+          f"momentum). Each method in its own mpiexec launch, {args.rounds} interleaved "
+          "rounds: median, and the min-max spread as % of the median; ratios are of "
+          "medians, with the range of the per-round ratios.")
+    print(f"{'model':>5} {'np':>3} | {'hvdlite':>13} {'DDP gloo':>13} {'hand-fused':>13} | "
+          f"{'vs DDP':>17} {'vs hand-fused':>17}")
+    for model, np_, samples in rows:
+        cells = " ".join(f"{samples[m].median:7.0f} {samples[m].spread():>5}" for m in METHODS)
+        print(f"{model:>5} {np_:>3} | {cells} | "
+              f"{launches.ratio(samples['hvdlite'], samples['ddp_gloo']):>17} "
+              f"{launches.ratio(samples['hvdlite'], samples['hand_fused']):>17}")
+        if "hvdlite_report" in samples:
+            print(f"{'':>9} | with HVDLITE_REPORT: {samples['hvdlite_report'].median:7.0f} "
+                  f"{samples['hvdlite_report'].spread():>5}, "
+                  f"{launches.ratio(samples['hvdlite_report'], samples['hvdlite'])} of hvdlite "
+                  "without it (the cost of recording)")

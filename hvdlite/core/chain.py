@@ -12,6 +12,7 @@ import numpy as np
 
 from hvdlite.backends.adasum import AdasumBackend
 from hvdlite.backends.mpi import MpiBackend
+from hvdlite.backends.ps import ParameterServerBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.core import devices
 from hvdlite.reduce_op import ReduceOp
@@ -24,6 +25,7 @@ class BackendChain:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
         self._adasum = AdasumBackend()
+        self._ps = ParameterServerBackend()
         self._factories: list[Any] = []
         self._extra: list[Any] = []
         self._comms: dict[int, Any] = {}       # open sets, for backends that arrive later
@@ -37,13 +39,31 @@ class BackendChain:
                 backend.configure(config)
         self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
         # Adasum runs only on its own backend, whatever HVDLITE_ALLREDUCE says.
-        host = [self._mpi] if config.allreduce == "mpi" else [self._ring, self._mpi]
+        host = {"mpi": [self._mpi], "ps": [self._ps, self._mpi]}.get(
+            config.allreduce, [self._ring, self._mpi])
         host = [self._adasum] + host
         self.backends = self._extra + host
         self._picked: dict[tuple, Any] = {}
 
     def every_backend(self) -> list[Any]:
-        return self._extra + [self._adasum, self._ring, self._mpi]
+        return self._extra + [self._adasum, self._ps, self._ring, self._mpi]
+
+    def traffic(self) -> dict[str, Any]:
+        """Bytes each host backend moved for this rank (see backends.base.Traffic);
+        safe to call from any thread."""
+        return {b.name: {"exact": b.traffic.exact, "kinds": b.traffic.snapshot()}
+                for b in self.every_backend() if hasattr(b, "traffic")}
+
+    def traffic_totals(self) -> tuple[int, int, int]:
+        """(bytes sent, bytes received, of which estimated) over every host backend:
+        cheap enough to read at every optimizer step."""
+        sent = received = estimated = 0
+        for backend in (self._adasum, self._ps, self._ring, self._mpi):
+            backend_sent, backend_received = backend.traffic.totals
+            sent, received = sent + backend_sent, received + backend_received
+            if not backend.traffic.exact:
+                estimated += backend_sent + backend_received
+        return sent, received, estimated
 
     def open_set(self, set_id: int, comm: Any) -> None:
         self._comms[set_id] = comm

@@ -32,6 +32,7 @@ from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import GLOBAL_SET_ID, ProcessSetRegistry, SetState
 from hvdlite.core.negotiation import Report, Verdict
+from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
@@ -51,13 +52,12 @@ class Engine:
         self.topology: Optional[Topology] = None
         self.timeline: Optional[Timeline] = None
         self._comm = comm
-        # Submission: the user side appends to a deque (atomic under the GIL) and sets
-        # the wake event only while the engine sleeps; the two threads never contend
-        # for a lock on the hot path, which cost ~30 us per handoff across cores here.
+        # Submission: the user side appends to a deque (atomic under the GIL) and rings
+        # the doorbell, which wakes the engine only if it sleeps; the two threads never
+        # contend for a lock on the hot path.
         self._submit_lock = threading.Lock()   # user threads only
         self._queue: collections.deque[Request] = collections.deque()
-        self._wake = threading.Event()
-        self._sleeping = False
+        self._doorbell = waiting.Doorbell()
         self._idle_rounds = 0
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
@@ -67,6 +67,8 @@ class Engine:
         self._inspectors: dict[int, stall.StallInspector] = {}
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
+        # HVDLITE_REPORT: time this rank's requests wait for agreement (engine thread).
+        self.peer_wait = PeerWaitClock() if config.report else None
         self.executor = Executor(config, self.complete, lambda: self.timeline)
         self.registry = ProcessSetRegistry(config.cache_capacity, self._open_set,
                                            self.executor.close_set)
@@ -103,8 +105,7 @@ class Engine:
             if request.desc.error:
                 self._markers[(request.process_set_id, request.desc.name)] = request.handle
             self._queue.append(request)
-        if self._sleeping:
-            self._wake.set()
+        self._doorbell.ring()
         return request.handle
 
     def _await_marker(self, set_id: int, name: str) -> None:
@@ -134,7 +135,7 @@ class Engine:
         if exiting and self._dead is None:
             failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
         self._shutdown_requested = True
-        self._wake.set()
+        self._doorbell.ring_always()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -169,7 +170,8 @@ class Engine:
         self.topology = detect(self._comm)
         self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
         self._liveness = liveness.Liveness(self._comm, self.config)
-        self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting)
+        self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
+                                           self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
@@ -198,28 +200,28 @@ class Engine:
                                plan_key=(state.set_id, tuple(bits)))
             elif not self._full_round(state):
                 return False
+        clock = self.peer_wait
+        if clock is not None and clock.since is not None and not any(s.pending for s in members):
+            clock.settled(time.monotonic())
         self._check_stalls()
         return self._dead is None
 
     def _wait_for_work(self) -> None:
-        # Order matters: announce sleep, clear, then re-check, so a submission racing
-        # with this either is seen by the check or sets the event after the clear.
-        self._sleeping = True
-        self._wake.clear()
-        busy = self._queue or self._shutdown_requested or self.executor.busy or any(
-            s.pending for s in self.registry.members())
-        if busy:
+        if self._has_work():
             self._idle_rounds = 0
-        else:
-            # An idle engine ticks every cycle, then ever more slowly (up to 8 cycles):
-            # each tick costs ~80 us of CPU here, taken from training between bursts
-            # of gradients. Local work still wakes it at once, and agreement needs
-            # every rank's own submission, which wakes that rank too; only shutdown
-            # notices and process sets with idle non-members wait for slow ticks.
-            backoff = 1 << min(self._idle_rounds, _IDLE_BACKOFF_DOUBLINGS)
-            self._idle_rounds += 1
-            self._wake.wait(timeout=self.config.cycle_time * backoff / 1000.0)
-        self._sleeping = False
+            return
+        # An idle engine ticks every cycle, then ever more slowly (up to 8 cycles):
+        # each tick costs ~80 us of CPU here, taken from training between bursts
+        # of gradients. Local work still wakes it at once, and agreement needs
+        # every rank's own submission, which wakes that rank too; only shutdown
+        # notices and process sets with idle non-members wait for slow ticks.
+        backoff = 1 << min(self._idle_rounds, _IDLE_BACKOFF_DOUBLINGS)
+        self._idle_rounds += 1
+        self._doorbell.listen(self.config.cycle_time * backoff / 1000.0, self._has_work)
+
+    def _has_work(self) -> bool:
+        return bool(self._queue or self._shutdown_requested or self.executor.busy or any(
+            s.pending for s in self.registry.members()))
 
     def _drain_queue(self) -> None:
         queue = self._queue
@@ -233,6 +235,8 @@ class Engine:
                 self.handles.notify()
             else:
                 state.pending[request.desc.name] = request
+                if self.peer_wait is not None:
+                    self.peer_wait.submitted(request.submitted_at)
 
     def _round_vector(self, state: SetState) -> np.ndarray:
         vector = np.zeros(1 + state.cache.words, dtype=np.uint64)

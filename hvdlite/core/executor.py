@@ -155,14 +155,20 @@ class Executor:
         direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
-            _pack_one(xp, requests[0], buf, first.desc.prescale)
+            backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
+            source = _pack_one(xp, requests[0], buf, first.desc.prescale,
+                               hasattr(backend, "allreduce_from"))
         else:
             counts = [r.count for r in group]
             buf = self._fusion_view(device, wide, sum(counts))
             _pack(xp, requests, counts, buf, first.desc.prescale)
+            backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
+            source = None
         start = self._span(requests, "memcpy_in", start)
-        backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
-        work = backend.allreduce(set_id, buf, op)
+        if source is None:
+            work = backend.allreduce(set_id, buf, op)
+        else:
+            work = backend.allreduce_from(set_id, source, buf, op)
         if direct is None:
             self._fusion_work[device] = work
 
@@ -276,11 +282,21 @@ def _in_place(xp: Any, source: Any, buf: Any) -> bool:
     return source.data.ptr == buf.data.ptr
 
 
-def _pack_one(xp: Any, request: Request, buf: Any, prescale: float) -> None:
+def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
+              out_of_place: bool) -> Any:
+    """Get a lone tensor's input into its output ``buf``, scaled; or, where the
+    backend reduces out of place and nothing needs scaling, return the input for it
+    to read (a copy into a fresh output costs as much as a fast allreduce)."""
     source = request.array.reshape(-1)
-    if not _in_place(xp, source, buf):
+    if _in_place(xp, source, buf):
+        _scale(xp, buf, prescale)
+    elif prescale != 1.0:
+        xp.multiply(source, prescale, out=buf, casting="unsafe")
+    elif out_of_place:
+        return source
+    else:
         buf[...] = source
-    _scale(xp, buf, prescale)
+    return None
 
 
 def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
@@ -314,7 +330,9 @@ def _scale(xp: Any, buf: Any, factor: float) -> None:
 
 class _Scale:
     """Post-reduction scaling. Average divides by the size rather than multiplying
-    by its reciprocal: 6 * (1/3) is 1.999..., which truncates to 1 for integers."""
+    by its reciprocal, which is not exact in float64 for a size that is not a
+    power of two: 5 * (1/3) is one ulp below 5/3, and 49 * (1/49) is 0.999...,
+    which truncates to 0 for integers."""
     __slots__ = ("factor", "divisor")
 
     def __init__(self, factor: float, divisor: int) -> None:

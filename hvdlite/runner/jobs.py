@@ -3,6 +3,7 @@
     hvdlite-jobs slurm --nodes 2 --gpus-per-node 4 -- python train.py --epochs 3
     hvdlite-jobs slurm --nodes 2 --tasks-per-node 2 -- python train.py
     hvdlite-jobs mpirun --nodes 2 --tasks-per-node 2 -- python train.py
+    hvdlite-jobs slurm --elastic --nodes 2 -- python train.py   # requeued on preemption
     hvdlite-jobs srun-mpi        # prints the srun --mpi plugin for the MPI mpi4py loads
 
 The templates are working scripts themselves (``sbatch jobs/slurm_cpu.sbatch python
@@ -34,11 +35,16 @@ def template_dir() -> Path:
 
 def render(kind: str, nodes: int, tasks_per_node: Optional[int], gpus_per_node: int,
            cpus_per_task: Optional[int], job_name: Optional[str], time_limit: Optional[str],
-           partition: Optional[str], command: Sequence[str],
+           partition: Optional[str], command: Sequence[str], elastic: bool = False,
            srun_mpi: Optional[str] = None) -> str:
     """The script; ``srun_mpi`` (the srun --mpi plugin) defaults to the one the MPI of
     this Python's mpi4py needs."""
-    if kind == "slurm":
+    if elastic:
+        if kind != "slurm" or gpus_per_node:
+            raise ValueError("--elastic renders the srun CPU template (jobs/slurm_elastic."
+                             "sbatch); combine it with neither mpirun nor --gpus-per-node")
+        name = "slurm_elastic.sbatch"
+    elif kind == "slurm":
         name = "slurm_gpu.sbatch" if gpus_per_node else "slurm_cpu.sbatch"
     else:
         name = "mpirun_allocation.sbatch"
@@ -82,6 +88,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--mpi", dest="srun_mpi", metavar="PLUGIN",
                         help="srun --mpi plugin, e.g. pmi2 or pmix (default: pmix for Open MPI, "
                              "pmi2 for MPICH, whichever mpi4py loads)")
+    parser.add_argument("--elastic", action="store_true",
+                        help="requeue on preemption (USR1) and resume (hvd.elastic.run)")
     parser.add_argument("-o", "--output-file", help="write the script here instead of stdout")
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" is the training command, whatever options it carries.
@@ -96,9 +104,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.gpus_per_node and args.tasks_per_node and args.tasks_per_node != args.gpus_per_node:
         parser.error("with --gpus-per-node, hvdlite runs one rank per GPU: drop --tasks-per-node "
                      "or make it equal")
+    if args.elastic and (args.kind != "slurm" or args.gpus_per_node):
+        parser.error("--elastic goes with 'slurm' on CPUs (jobs/slurm_elastic.sbatch)")
     script = render(args.kind, args.nodes, args.tasks_per_node, args.gpus_per_node,
                     args.cpus_per_task, args.job_name, args.time_limit, args.partition, command,
-                    args.srun_mpi)
+                    args.elastic, args.srun_mpi)
     if args.output_file:
         Path(args.output_file).write_text(script)
         os.chmod(args.output_file, 0o755)

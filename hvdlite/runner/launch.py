@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from hvdlite.runner import elastic
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
                                      hosts_argument, library)
 
@@ -27,6 +28,7 @@ _KNOBS = {
     "stall_shutdown_seconds": ("HVDLITE_STALL_SHUTDOWN_TIME", str),
     "allreduce": ("HVDLITE_ALLREDUCE", str),
     "log_level": ("HVDLITE_LOG_LEVEL", str),
+    "report": ("HVDLITE_REPORT", str),
 }
 
 
@@ -42,11 +44,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline-filename")
     p.add_argument("--stall-check-seconds", type=float)
     p.add_argument("--stall-shutdown-seconds", type=float)
-    p.add_argument("--allreduce", choices=["auto", "mpi", "ring"])
+    p.add_argument("--allreduce", choices=["auto", "mpi", "ring", "ps"])
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--report", metavar="DIR",
+                   help="write a per-rank balance report (report.txt/json/png) to DIR")
     p.add_argument("--mpiexec", help="launcher to use (default: this Python's, then PATH)")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.add_argument("--check", action="store_true", help="print what hvdlite can use, and exit")
+    elastic.add_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
 
@@ -102,7 +107,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return check()
     if not args.np or not args.command:
         parser().error("give -np N and a command, e.g. hvdliterun -np 2 python train.py")
+    elastic.check_arguments(parser(), args)
     command = build_command(args)
+    if args.elastic and not args.dry_run:
+        return elastic.run_elastic(args, build_command)
     if args.dry_run:
         print(" ".join(_quote(part) for part in command))
         return 0

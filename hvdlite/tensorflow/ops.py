@@ -179,7 +179,8 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, process_s
             reduced = graph.run(lambda e: _OPS["allreduce"](e, op=Average, name=glabel,
                                                            process_set=process_set),
                                 [dy], [dy.dtype], [dy.shape])[0]
-            return reduced if _member_rank(process_set) == root_rank else tf.zeros_like(reduced)
+            # root_rank is a global rank, as in Horovod
+            return reduced if _hvd.rank() == root_rank else tf.zeros_like(reduced)
         return out, grad
     return forward(x)
 

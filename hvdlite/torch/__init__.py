@@ -10,6 +10,7 @@ from hvdlite.torch.functions import (allgather_object, broadcast_object,
 from hvdlite.torch.ops import OPS as _OPS
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
+from hvdlite.torch import elastic
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
                   if name not in ("broadcast_object", "allgather_object")})

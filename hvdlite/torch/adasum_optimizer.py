@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 import hvdlite as _hvd
+from hvdlite.api import report as _report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import UsageError
@@ -63,13 +64,21 @@ class AdasumDistributedOptimizer(DistributedOptimizer):
         if not self._should_synchronize:     # skip_synchronize(): a purely local step
             return loss
         deltas = [p.detach() - start for p, start in zip(params, starts)]
-        if deltas:
-            reduced = OPS["grouped_allreduce"](
-                deltas, name="adasum_delta", compression=self._compression,
-                op=_hvd.Adasum, process_set=self._process_set)
-            with torch.no_grad():
-                for param, start, delta in zip(params, starts, reduced):
-                    param.copy_(start.add_(delta))
+        recorder = _report.recorder()     # HVDLITE_REPORT: time blocked, step boundary
+        started = recorder.optimizer_wait_begin() if recorder is not None else 0.0
+        try:
+            if deltas:
+                reduced = OPS["grouped_allreduce"](
+                    deltas, name="adasum_delta", compression=self._compression,
+                    op=_hvd.Adasum, process_set=self._process_set)
+                with torch.no_grad():
+                    for param, start, delta in zip(params, starts, reduced):
+                        param.copy_(start.add_(delta))
+        finally:
+            if recorder is not None:
+                recorder.optimizer_wait_end(started)
+        if recorder is not None:
+            recorder.step_done()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -106,7 +106,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         reduced = synchronize(allreduce_async(grad, op=Average, process_set=ctx.process_set))
-        if _member_rank(ctx.process_set) != ctx.root_rank:
+        if _hvd.rank() != ctx.root_rank:        # a global rank, as in Horovod
             reduced = reduced * 0
         return reduced, None, None, None
 

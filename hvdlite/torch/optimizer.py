@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 import hvdlite as _hvd
+from hvdlite.api import report as _report
 from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.compression import Compression, Compressor
@@ -55,6 +56,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._op, self._process_set = op, process_set
         # Sparse gradients reduced by allgather, outside the reducer's dense path.
         self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._densified: list[torch.Tensor] = []   # sparse_as_dense: made sparse again after
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._by_key = {id(p): p for p in self._params}
         self._reducer = GradientReducer(
@@ -93,6 +95,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._optimizer!r})"
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """{parameter: name} as Horovod's optimizer has it (names are unique per rank
+        and the same on every rank)."""
+        return {param: self._reducer.names[id(param)] for param in self._params}
+
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         return self._optimizer.state_dict()
 
@@ -121,11 +129,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._sparse_pending[id(param)] = (param, handle)
                 return
             param.grad = param.grad.to_dense()
+            self._densified.append(param)
         self._reducer.submit(id(param), param.grad)
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged. Parameters without a gradient on
         this rank take part with zeros, so ranks on other code paths still finish."""
+        recorder = _report.recorder()     # HVDLITE_REPORT: time blocked here
+        started = recorder.optimizer_wait_begin() if recorder is not None else 0.0
+        try:
+            self._synchronize()
+        finally:
+            if recorder is not None:
+                recorder.optimizer_wait_end(started)
+
+    def _synchronize(self) -> None:
         if not self._synchronized:
             for param in self._params:
                 if id(param) not in self._reducer.pending and \
@@ -135,6 +153,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for param, handle in self._sparse_pending.values():
             param.grad = OPS["synchronize"](handle)
         self._sparse_pending.clear()
+        for param in self._densified:       # reduced dense; the optimizer (SparseAdam)
+            param.grad = param.grad.to_sparse()   # expects the gradient it produced
+        self._densified.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -154,7 +175,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
-        return self._optimizer.step(closure)
+        loss = self._optimizer.step(closure)
+        recorder = _report.recorder()
+        if recorder is not None:
+            recorder.step_done()
+        return loss
 
     def _warn_step_after_synchronize(self) -> None:
         # Horovod warns here too: the gradients are already reduced (we never

@@ -37,7 +37,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type
         report.longrepr = f"{report.longreprtext}\n[failed on rank(s) {[r for r, _ in remote]}]\n{detail}"
 
 
-@pytest.fixture(params=["mpi", "ring"])
+@pytest.fixture(params=["mpi", "ring", "ps"])
 def backend(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """Run a test once per allreduce backend, switched by a negotiated
     reconfiguration (every rank switches at the same point between collectives)."""

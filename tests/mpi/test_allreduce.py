@@ -79,6 +79,25 @@ def test_sizes_across_backend_switch_points(backend: str, nbytes: int) -> None:
                                   sum(range(1, hvd.size() + 1)))
 
 
+_REDUCERS = {"Sum": np.sum, "Average": np.mean, "Min": np.min, "Max": np.max,
+             "Product": np.prod}
+
+
+@pytest.mark.parametrize("op_name", sorted(_REDUCERS))
+@pytest.mark.parametrize("n", [1, 1001, 3 << 18])
+def test_allocating_form_reads_its_input_only(backend: str, op_name: str, n: int) -> None:
+    """out = allreduce(x) reduces out of place: x is never written, the output holds
+    the reduction of every rank's x (3 << 18 float64 is 6 MiB, ring-sized in auto)."""
+    def contribution(rank: int) -> np.ndarray:
+        return (np.arange(n) % 7 + rank + 1).astype(np.float64)
+    x = contribution(hvd.rank())
+    result = hvd.allreduce(x, op=getattr(hvd, op_name), name=f"oop.{backend}.{op_name}.{n}")
+    expected = _REDUCERS[op_name](np.stack([contribution(r) for r in range(hvd.size())]), axis=0)
+    assert result is not x
+    np.testing.assert_array_equal(x, contribution(hvd.rank()))
+    np.testing.assert_allclose(result, expected, rtol=1e-15)
+
+
 def test_inplace_and_noncontiguous(backend: str) -> None:
     base = np.arange(40, dtype=np.float64).reshape(5, 8) * (hvd.rank() + 1)
     view = base[:, ::2]                       # non-contiguous input
@@ -136,3 +155,18 @@ def test_poll_and_unnamed_ops() -> None:
     while not hvd.poll(handle):
         pass
     np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, float(hvd.size())))
+
+
+def test_recycled_outputs_never_overwrite_held_results(backend: str) -> None:
+    """Large outputs come from recycled memory: results still held (as arrays or
+    views) keep their values while later allreduces run."""
+    n = (2 << 20) // 8                       # 2 MiB of float64: pooled
+    held = []
+    for step in range(6):
+        out = hvd.allreduce(np.full(n, float(step + hvd.rank())), op=hvd.Sum,
+                            name=f"recycle.{backend}.{step}")
+        if step % 2 == 0:
+            held.append((step, out[::1000]))  # a view keeps the block alive
+    for step, view in held:
+        expected = sum(step + r for r in range(hvd.size()))
+        np.testing.assert_array_equal(view, np.full(view.shape, float(expected)))

@@ -91,28 +91,39 @@ def test_reducescatter_half_precision() -> None:
     np.testing.assert_array_equal(result, np.full((2, 4), hvd.size(), dtype=np.float16))
 
 
+def _dirty_fusion_buffer() -> None:
+    """Leave non-zero data in this rank's fusion buffer (a fused group), so that a
+    joined rank that failed to contribute zeros would show up in the sum."""
+    hvd.grouped_allreduce([np.full(16, 1000.0), np.full(16, 1000.0)], op=hvd.Sum,
+                          name="join.dirty")
+
+
+# Join tests assert only after every rank's last collective: a rank that failed an
+# assertion before join() would leave the others waiting in it.
 def test_barrier_and_join_with_uneven_batches() -> None:
     hvd.barrier()
+    _dirty_fusion_buffer()
     batches = hvd.rank() + 1            # rank r has r + 1 batches; the last rank has most
-    for step in range(batches):
-        total = hvd.allreduce(np.ones(4), op=hvd.Sum, name="join.batch")
-        active = sum(1 for r in range(hvd.size()) if r + 1 > step)   # joined ranks add zeros
-        np.testing.assert_array_equal(total, np.full(4, float(active)))
+    totals = [hvd.allreduce(np.ones(4), op=hvd.Sum, name="join.batch") for _ in range(batches)]
     last = hvd.join()
-    assert last == hvd.size() - 1
     # After everyone joined, collectives work normally again.
-    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.join"),
-                                  np.full(2, float(hvd.size())))
+    after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.join")
+    for step, total in enumerate(totals):
+        active = sum(1 for r in range(hvd.size()) if r + 1 > step)   # joined ranks add zeros
+        np.testing.assert_array_equal(total, np.full(4, float(active)), err_msg=f"step {step}")
+    assert last == hvd.size() - 1
+    np.testing.assert_array_equal(after, np.full(2, float(hvd.size())))
 
 
 def test_join_average_divides_by_full_size() -> None:
-    if hvd.rank() == 0:
-        last = hvd.join()
-    else:
+    _dirty_fusion_buffer()
+    result = None
+    if hvd.rank() != 0:
         result = hvd.allreduce(np.full(3, 6.0), op=hvd.Average, name="join.avg")
+    last = hvd.join()
+    if result is not None:
         np.testing.assert_allclose(result, np.full(3, 6.0 * (hvd.size() - 1) / hvd.size()))
-        last = hvd.join()
-    assert 0 <= last < hvd.size()
+    assert last == 0 if hvd.size() == 1 else 0 < last < hvd.size()   # rank 0 joined first
 
 
 def test_process_sets_negotiate_on_their_own() -> None:
@@ -125,7 +136,7 @@ def test_process_sets_negotiate_on_their_own() -> None:
     np.testing.assert_array_equal(total, [float(sum(mine.ranks))])
     gathered = hvd.allgather(np.array([rank]), name="ps.gather", process_set=mine)
     np.testing.assert_array_equal(gathered, mine.ranks)
-    root_value = hvd.broadcast(np.array([rank]), root_rank=mine.size() - 1, name="ps.bcast",
+    root_value = hvd.broadcast(np.array([rank]), root_rank=mine.ranks[-1], name="ps.bcast",
                                process_set=mine)
     np.testing.assert_array_equal(root_value, [mine.ranks[-1]])
     other = odds if mine is evens else evens
@@ -137,6 +148,29 @@ def test_process_sets_negotiate_on_their_own() -> None:
     assert not hvd.remove_process_set(evens)
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="ps.after"),
                                   [float(size)])
+
+
+def test_process_set_root_is_a_global_rank() -> None:
+    """As in Horovod, root_rank names a global rank, for tensors and objects; a rank
+    outside the set is refused on every member, and the set stays usable."""
+    size, rank = hvd.size(), hvd.rank()
+    if size < 2:
+        pytest.skip("needs a set that differs from the world")
+    odds = hvd.add_process_set(range(1, size, 2))     # set rank 0 is global rank 1
+    try:
+        if rank % 2 == 1:
+            for root in odds.ranks:
+                value = hvd.broadcast(np.array([rank]), root_rank=root, name=f"gr.{root}",
+                                      process_set=odds)
+                np.testing.assert_array_equal(value, [root])
+                assert hvd.broadcast_object(("o", rank), root_rank=root,
+                                            process_set=odds) == ("o", root)
+            with pytest.raises(ValueError, match="not a member of process set"):
+                hvd.broadcast(np.ones(2), root_rank=0, name="gr.outsider", process_set=odds)
+            total = hvd.allreduce(np.ones(1), op=hvd.Sum, name="gr.after", process_set=odds)
+            np.testing.assert_array_equal(total, [float(len(odds.ranks))])
+    finally:
+        hvd.remove_process_set(odds)
 
 
 def test_objects() -> None:

@@ -113,3 +113,20 @@ def test_tape_mismatched_variables_raise_everywhere() -> None:
         loss = tf.reduce_sum(w * w)
     with pytest.raises(hvd.MismatchError, match="uneven"):
         hvd.DistributedGradientTape(tape).gradient(loss, [w])
+
+
+def test_tape_gradient_predivide_factor_gives_the_average() -> None:
+    w = _weights(1234)
+    x, y = (tf.constant(_shard(a)) for a in _batch(0))
+    reduced = {}
+    for factor in (1.0, 4.0):
+        with tf.GradientTape() as tape:
+            loss = _loss(w, x, y)
+        tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=factor)
+        reduced[factor] = [g.numpy() for g in tape.gradient(loss, w)]
+    with tf.GradientTape() as tape:
+        loss = _loss(w, *(tf.constant(a) for a in _batch(0)))
+    whole = [g.numpy() for g in tape.gradient(loss, w)]
+    for plain, divided, want in zip(reduced[1.0], reduced[4.0], whole):
+        np.testing.assert_allclose(divided, plain, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(divided, want, rtol=0, atol=TOLERANCE)

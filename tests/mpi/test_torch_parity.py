@@ -176,9 +176,9 @@ def test_object_collectives_take_process_set() -> None:
         if rank in members:
             gathered = hvd.allgather_object({"rank": rank}, process_set=subset)
             assert gathered == [{"rank": r} for r in members]
-            root = len(members) - 1
+            root = members[-1]                  # a global rank, as in Horovod
             value = hvd.broadcast_object(("from", rank), root_rank=root, process_set=subset)
-            assert value == ("from", members[root])
+            assert value == ("from", root)
     finally:
         hvd.remove_process_set(subset)
 
@@ -228,3 +228,49 @@ def test_optimizer_reduces_sparse_embedding_gradients_by_allgather() -> None:
             reference.weight -= 0.5 * reference.weight.grad.to_dense()
         assert mine.weight.grad.is_sparse
         assert torch.allclose(mine.weight, reference.weight)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_adam_takes_its_sparse_gradient_back(sparse_as_dense: bool) -> None:
+    """SparseAdam refuses dense gradients: with sparse_as_dense the gradient is reduced
+    dense and handed back sparse, as Horovod does. The result matches SparseAdam on
+    the rank-averaged gradient, identically on every rank."""
+    size, rank = hvd.size(), hvd.rank()
+
+    def model() -> "torch.nn.Module":
+        torch.manual_seed(5)
+        return torch.nn.Embedding(8, 3, sparse=True).double()
+    mine, reference = model(), model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(mine.parameters()), lr=0.1),
+                                         named_parameters=mine.named_parameters(),
+                                         sparse_as_dense=sparse_as_dense)
+    local = torch.optim.SparseAdam(list(reference.parameters()), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        (mine(_lookups(rank)) * _data(rank, (4, 3), salt=72)).sum().backward()
+        optimizer.step()
+        local.zero_grad()
+        loss = sum((reference(_lookups(r)) * _data(r, (4, 3), salt=72)).sum()
+                   for r in range(size)) / size
+        loss.backward()
+        local.step()
+        assert mine.weight.grad.is_sparse
+    gathered = hvd.allgather(mine.weight.detach()[None], name=f"sparse_adam.{sparse_as_dense}")
+    assert all(torch.equal(gathered[0], g) for g in gathered)
+    assert torch.allclose(mine.weight, reference.weight, atol=1e-12)
+
+
+def test_parameter_names_as_horovod_keeps_them() -> None:
+    """optimizer._parameter_names maps each parameter to a unique name, the same on
+    every rank, with or without named_parameters."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    for optimizer in (unnamed, named):
+        names = optimizer._parameter_names
+        assert set(names) == set(model.parameters()) and len(set(names.values())) == 4
+        everyone = hvd.allgather_object(sorted(names.values()))
+        assert all(n == everyone[0] for n in everyone)
+    assert {named._parameter_names[p]: p for p in model.parameters()}["0.weight"] is model[0].weight

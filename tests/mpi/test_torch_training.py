@@ -2,7 +2,6 @@
 parameters of one process on the whole batch, and hold bitwise-identical copies."""
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Callable
 
@@ -136,3 +135,60 @@ def test_synchronize_then_clip_then_step() -> None:
     with optimizer.skip_synchronize():
         optimizer.step()
     _assert_identical_everywhere(model)
+
+
+def _reduced_gradients(**options: object) -> tuple[list, list]:
+    """Gradients after synchronize(), and the (op, prescale, postscale) of every
+    allreduce the optimizer started."""
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(), **options)
+    started = []
+    submit = optimizer._reducer._allreduce_async_
+
+    def spy(*args: object, **kwargs: object) -> object:
+        started.append((kwargs["op"], kwargs["prescale_factor"], kwargs["postscale_factor"]))
+        return submit(*args, **kwargs)
+    optimizer._reducer._allreduce_async_ = spy
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(_shard(x)), _shard(y)).backward()
+    optimizer.synchronize()
+    return [p.grad.clone() for p in model.parameters()], started
+
+
+def test_gradient_predivide_factor_gives_the_average() -> None:
+    """Horovod's predivide: Sum with 1/f before and f/size after is the Average."""
+    if hvd.size() < 2:
+        pytest.skip("on one rank nothing is reduced")
+    plain, plain_ops = _reduced_gradients()
+    divided, divided_ops = _reduced_gradients(gradient_predivide_factor=4.0)
+    model = _model()                    # one process on the whole batch
+    x, y = _batch(0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    for p, q, whole in zip(plain, divided, model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-12, atol=0), (p - q).abs().max()
+        assert torch.allclose(q, whole.grad, rtol=0, atol=TOLERANCE)
+    assert set(plain_ops) == {(hvd.Average, 1.0, 1.0)}
+    assert set(divided_ops) == {(hvd.Sum, 0.25, 4.0 / hvd.size())}   # the factor was used
+
+
+def test_reductions_start_during_the_kth_backward_pass() -> None:
+    """With backward_passes_per_step=k the hooks start every allreduce during the
+    k-th backward, so communication overlaps it; step() only waits."""
+    if hvd.size() < 2:
+        pytest.skip("on one rank nothing is reduced")
+    passes = 3
+    model = _model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=passes)
+    in_flight = []
+    for micro in range(passes):
+        x, y = _batch(0, micro)
+        torch.nn.functional.mse_loss(model(_shard(x)), _shard(y)).backward()
+        reducer = optimizer._reducer
+        in_flight.append(sorted(reducer.names[key] for key, (handle, *_) in
+                                reducer.pending.items() if handle is not None))
+    optimizer.step()                    # every rank completes before anything is asserted
+    every = sorted(name for name, _ in model.named_parameters())
+    assert in_flight == [[]] * (passes - 1) + [every]

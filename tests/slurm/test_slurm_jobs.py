@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -162,3 +164,51 @@ def test_mpirun_template_inside_an_allocation(cluster: Cluster, mpi: Path,
         assert (v["local_size"], v["cross_size"]) == (tasks_per_node, 2)
         assert v["local_rank"] == v["rank"] % tasks_per_node
         assert v["node"] == f"n{v['cross_rank'] + 1}"      # SLURM's ground truth
+
+
+def _send_usr1_when_marked(cluster: Cluster, marker: Path, done: threading.Event) -> None:
+    """The training job writes its job id to ``marker`` after a commit; then send USR1
+    to its batch shell, as SLURM's --signal=B:USR1@120 would before a preemption."""
+    while not done.is_set():
+        if marker.exists() and marker.read_text().strip().isdigit():
+            cluster.run(["scancel", "--batch", "--signal=USR1", marker.read_text().strip()],
+                        check=False)
+            return
+        time.sleep(0.2)
+
+
+def _elastic_job(cluster: Cluster, tmp: Path, name: str, env: dict[str, str]) -> tuple[int, str, dict]:
+    out = tmp / f"{name}.json"
+    job_env = dict(env, ELASTIC_OUT=str(out), PYTHONPATH=str(ROOT), ELASTIC_STEP_SLEEP="0.3")
+    code, output = cluster.sbatch(str(ROOT / "jobs/slurm_elastic.sbatch"),
+                                  [sys.executable, "-m", "tests.integration.elastic_jobs", "train"],
+                                  ["--nodes=2", "--ntasks-per-node=1"], cwd=tmp,
+                                  extra_env=job_env, timeout=240)
+    return code, output, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def test_elastic_job_preempted_with_usr1_is_requeued_and_finishes_as_uninterrupted(
+        cluster: Cluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code, output, reference = _elastic_job(cluster, tmp_path, "reference", {})
+    assert code == 0 and reference, output
+    marker = tmp_path / "marker"
+    done = threading.Event()
+    sender = threading.Thread(target=_send_usr1_when_marked, args=(cluster, marker, done))
+    sender.start()
+    try:
+        code, output, result = _elastic_job(cluster, tmp_path, "preempted", {
+            "ELASTIC_FAULT": "wait_usr1", "ELASTIC_FAULT_AT": "5", "ELASTIC_MARKER": str(marker),
+            "HVDLITE_ELASTIC_PERSIST_EVERY": "100"})
+    finally:
+        done.set()
+        sender.join()
+    assert code == 0, output
+    assert "requeueing job" in output and "start 2" in output, output
+    assert "preempted: the last commit is saved" in output, output
+    starts = [line for line in output.splitlines() if line.startswith("START")]
+    assert starts[0] == "START commits=0 epoch=0 processed=0" and len(starts) == 2, output
+    assert starts[1] != starts[0], output       # resumed from the commit USR1 led to
+    assert result["params"] == reference["params"], output
+    assert result["seen"] == reference["seen"]
+    assert not list(tmp_path.glob("hvdlite-elastic-*")), "a finished job removes its state"

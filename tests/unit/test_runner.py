@@ -122,3 +122,25 @@ def test_rendered_mpirun_job_and_cli(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["srun-mpi"]) == 0
     assert capsys.readouterr().out.strip() in ("pmi2", "pmix")     # whichever this venv loads
     assert main(["srun-mpi", "--mpi", "pmix"]) == 0 and capsys.readouterr().out == "pmix\n"
+
+
+def test_rendered_elastic_job_requeues_on_usr1() -> None:
+    from hvdlite.runner.jobs import render
+    script = render("slurm", nodes=2, tasks_per_node=2, gpus_per_node=0, cpus_per_task=None,
+                    job_name=None, time_limit="01:00:00", partition=None,
+                    command=["python", "train.py"], elastic=True)
+    for line in ["#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "#SBATCH --nodes=2",
+                 "#SBATCH --time=01:00:00", 'scontrol requeue "$SLURM_JOB_ID"',
+                 "srun python train.py &"]:
+        assert line in script, line
+    with pytest.raises(ValueError, match="--elastic"):
+        render("mpirun", 1, None, 0, None, None, None, None, ["x"], elastic=True)
+
+
+def test_elastic_launcher_flags_need_elastic_and_sane_values() -> None:
+    from hvdlite.runner import elastic
+    p = launch.parser()
+    for argv in (["-np", "2", "--min-np", "1", "x"], ["-np", "2", "--elastic", "--min-np", "3", "x"],
+                 ["-np", "2", "--elastic", "--max-restarts", "-1", "x"]):
+        with pytest.raises(SystemExit):
+            elastic.check_arguments(p, p.parse_args(argv))

@@ -1,0 +1,91 @@
+"""Timing methods that must not share a process: each method runs in its own
+``mpiexec`` launch, rounds interleave the methods (rotating their order), and the
+figures are medians with their spread.
+
+Why: on a small shared machine timings drift by 20% from one minute to the next,
+so methods timed one after another in one process, or best-of-N, flatter
+whichever ran in the quiet moment. Rotating the order within interleaved rounds
+spreads the drift over every method alike, and the median with its min-max range
+says how much to trust a ratio.
+
+A method is a command (run as ``mpiexec -n NP python -m hvdlite.bench <args>``)
+whose rank 0 prints one line ``RESULT {json}`` with a numeric field to compare.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    args: tuple[str, ...]                   # after ``python -m hvdlite.bench``
+    env: tuple[tuple[str, str], ...] = ()   # extra environment for this launch
+
+
+@dataclass
+class Samples:
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def spread(self) -> str:
+        """The min-max range as a percentage of the median: how far to trust it."""
+        if len(self.values) < 2 or not self.median:
+            return "   -"
+        return f"{100 * (max(self.values) - min(self.values)) / self.median:3.0f}%"
+
+
+def mpiexec_path() -> str:
+    """The venv's own launcher: a system mpiexec may belong to another MPI."""
+    return os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def launch(method: Method, np_: int, timeout_s: float = 900.0) -> dict:
+    """One launch of ``method`` on ``np_`` ranks; its parsed RESULT line."""
+    env = dict(os.environ, **dict(method.env))
+    command = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
+               *method.args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{method.label} at np={np_} failed (exit {done.returncode}):\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def interleaved(methods: Sequence[Method], np_: int, rounds: int, key: str,
+                progress: Optional[str] = None) -> dict[str, Samples]:
+    """``rounds`` rounds, each launching every method once, in an order rotated by
+    one per round; returns each method's values of ``key``."""
+    samples = {m.label: Samples() for m in methods}
+    for round_ in range(rounds):
+        order = [methods[(i + round_) % len(methods)] for i in range(len(methods))]
+        for method in order:
+            started = time.monotonic()
+            samples[method.label].values.append(float(launch(method, np_)[key]))
+            if progress is not None:
+                print(f"{progress} np={np_} round {round_ + 1}/{rounds} {method.label}: "
+                      f"{samples[method.label].values[-1]:.1f} "
+                      f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    return samples
+
+
+def ratio(a: Samples, b: Samples) -> str:
+    """Median ratio a/b, with the range of per-round ratios (rounds pair up in time)."""
+    if not b.median:
+        return "-"
+    paired = [x / y for x, y in zip(a.values, b.values) if y]
+    if len(paired) < 2:
+        return f"{a.median / b.median:.2f}x"
+    return f"{a.median / b.median:.2f}x ({min(paired):.2f}-{max(paired):.2f})"

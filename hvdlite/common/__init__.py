@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.common`` module paths, for scripts that import from them."""

@@ -1,0 +1,92 @@
+"""``hvd.elastic.run``: run a training function, resume it, recover it.
+
+An MPI world cannot shrink or grow in place, so hvdlite recovers by restarting:
+
+- On entry, rank 0 loads the state committed in ``HVDLITE_ELASTIC_DIR`` (if a
+  previous run of the job left one) and ``sync()`` gives it to every rank.
+- A collective failure (Horovod's ``HorovodInternalError``) while the world is
+  still whole (the engine runs) restores the last commit in memory and calls
+  the function again. When the world is broken (a lost peer, a stopped
+  engine) the error ends the process, the job fails, and ``hvdliterun
+  --elastic`` (or the scheduler) starts it again from the file.
+- A ``HostsUpdatedInterrupt`` resets and calls the function again without
+  restoring, as in Horovod.
+- Preemption (SIGUSR1, agreed at a step boundary) writes the last commit, shuts
+  hvdlite down and exits with ``PREEMPTED_EXIT_CODE`` on every rank.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, TypeVar
+
+from hvdlite.elastic import preemption
+from hvdlite.elastic.state import State
+from hvdlite.errors import CollectiveFailedError, HostsUpdatedError
+
+_log = logging.getLogger("hvdlite")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def world_is_whole() -> bool:
+    """Whether collectives can still complete: hvdlite runs and its engine is alive."""
+    from hvdlite.api import runtime
+    engine = runtime.RUNTIME.engine
+    return engine is not None and engine.dead is None
+
+
+def run_fn(func: F, reset: Callable[[], None]) -> F:
+    """Wrap ``func(state, *args, **kwargs)`` as described in the module doc;
+    ``reset`` adapts the binding after a reset (hvdlite keeps its world: no-op)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(state, State):
+            raise TypeError(f"hvd.elastic.run: the first argument must be an elastic State "
+                            f"(e.g. hvd.elastic.TorchState), not {type(state).__name__}")
+        preemption.install()
+        try:
+            state.load_persisted()
+            skip_sync = False
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except CollectiveFailedError as exc:
+                    if not world_is_whole():
+                        raise       # the job ends; a restart resumes from the last file
+                    _log.warning("collective failed (%s); restoring the last commit and "
+                                 "retrying", exc)
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedError as exc:
+                    skip_sync = exc.skip_sync
+                reset()
+                state.on_reset()
+        except preemption.Preempted:
+            _leave_preempted()
+        finally:
+            preemption.uninstall()
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _leave_preempted() -> None:
+    """Every rank gets here at the same step boundary: shut down together (a clean
+    MPI end, so the launcher reports our code), then exit with the requeue code."""
+    import hvdlite
+    if hvdlite.is_initialized() and hvdlite.rank() == 0:
+        print(f"[hvdlite] preempted: the last commit is saved; exiting with "
+              f"{preemption.PREEMPTED_EXIT_CODE} so the job is requeued", flush=True)
+    hvdlite.shutdown()
+    raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
+
+
+def _no_reset() -> None:
+    pass
+
+
+def run(func: F) -> F:
+    """Decorator: Horovod's ``hvd.elastic.run`` (see the module doc)."""
+    return run_fn(func, _no_reset)

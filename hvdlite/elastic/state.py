@@ -1,0 +1,217 @@
+"""Horovod's elastic ``State`` and ``ObjectState``, over restart-based recovery.
+
+A commit is kept as pickled bytes per attribute: the in-memory copy is then a
+true snapshot (later in-place changes cannot reach it), it is exactly what
+goes to disk, and an attribute that cannot be pickled fails at ``commit()`` on
+the rank that holds it, naming the attribute. Frameworks add *handlers* for
+the objects they know (a torch model is saved through its ``state_dict``);
+everything else is a plain attribute, synchronised with ``broadcast_object``.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+from typing import Any, Callable, Iterable, Optional
+
+from hvdlite.elastic import persist, preemption
+from hvdlite.errors import HostsUpdatedError, StateError
+
+_log = logging.getLogger("hvdlite")
+
+
+class Handler:
+    """How one attribute is captured (to a picklable value), applied back and
+    synchronised from rank 0. The default treats it as a plain Python object."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def capture(self) -> Any:
+        return self.value
+
+    def apply(self, captured: Any) -> Any:
+        """Make the attribute equal ``captured``; returns the attribute's new value."""
+        self.value = captured
+        return captured
+
+    def sync(self, broadcast_object: Callable[[Any], Any]) -> Any:
+        """Take rank 0's value; returns the attribute's new value."""
+        return self.apply(broadcast_object(self.capture()))
+
+
+class State:
+    """Base class: a training state that survives failures and restarts.
+
+    Subclasses say how to ``save()``, ``restore()`` and ``sync()``; ``commit()``
+    saves, writes every ``HVDLITE_ELASTIC_PERSIST_EVERY``-th commit to
+    ``HVDLITE_ELASTIC_DIR`` (rank 0), and checks for host updates and
+    preemption at the same step boundary on every rank.
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages: "queue.Queue[tuple[int, Any]]" = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._commits = 0
+        self._persisted = 0
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Callbacks run after a reset (e.g. to rescale the learning rate)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self._host_messages = queue.Queue()
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: int, update_res: Any = None) -> None:
+        self._host_messages.put((timestamp, update_res))
+
+    def commit(self) -> None:
+        """Save the state in memory (and on disk, see the class doc), then check for
+        host updates and preemption. Collective: every rank calls it at the same step."""
+        self.save()
+        self._commits += 1
+        every = _setting("elastic_persist_every", 1)
+        if self._commits % every == 0:
+            self.persist()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedError if any rank heard of a host change, or leave through
+        :class:`preemption.Preempted` (after writing the last commit) if any rank was
+        asked to stop. Collective: one small allreduce."""
+        newest = self._last_updated_timestamp
+        while not self._host_messages.empty():
+            timestamp, _ = self._host_messages.get()
+            newest = max(newest, timestamp)
+        stop, newest = preemption.agree(newest)
+        if stop:
+            self.persist()
+            raise preemption.Preempted()
+        if newest > self._last_updated_timestamp:
+            self._last_updated_timestamp = newest
+            raise HostsUpdatedError(False)
+
+    def persist(self) -> None:
+        """Write the last commit to HVDLITE_ELASTIC_DIR (rank 0; nothing without one)."""
+        directory = _setting("elastic_dir", "")
+        if not directory or self._persisted == self._commits:
+            return
+        if self._rank() == 0:
+            persist.write(directory, self.committed_entries(), self._commits)
+        self._persisted = self._commits
+
+    def load_persisted(self) -> bool:
+        """On rank 0, restore the state committed in HVDLITE_ELASTIC_DIR, if any (call
+        ``sync()`` after, on every rank). Returns whether rank 0 found one."""
+        directory = _setting("elastic_dir", "")
+        found = None
+        if directory and self._rank() == 0:
+            found = persist.read(directory)
+            if found is not None:
+                entries, self._commits = found
+                self.load_entries(entries)
+                self._persisted = self._commits
+                self.restore()
+                _log.info("resuming from commit %d in %s", self._commits, directory)
+        return found is not None
+
+    def committed_entries(self) -> dict[str, bytes]:
+        """The last commit, pickled per attribute."""
+        raise NotImplementedError()
+
+    def load_entries(self, entries: dict[str, bytes]) -> None:
+        """Make ``entries`` the last commit (``restore()`` then applies it)."""
+        raise NotImplementedError()
+
+    def save(self) -> None:
+        """Save the state in host memory."""
+        raise NotImplementedError()
+
+    def restore(self) -> None:
+        """Return to the last commit, undoing later changes."""
+        raise NotImplementedError()
+
+    def sync(self) -> None:
+        """Make every rank's state equal rank 0's."""
+        raise NotImplementedError()
+
+    def reset(self) -> None:
+        """Adapt to a new world after a reset, before the next sync."""
+
+
+class ObjectState(State):
+    """State of Python objects given as keyword arguments, exposed as attributes.
+    Subclasses pass ``handlers`` for attributes that need more than pickling."""
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int],
+                 handlers: Optional[dict[str, Handler]] = None, **kwargs: Any) -> None:
+        handlers = dict(handlers or {})
+        for name, value in kwargs.items():
+            handlers[name] = Handler(value)
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+        # Nothing is pickled yet: hvd.elastic.run's first sync() saves, and an
+        # attribute that cannot be pickled is reported by commit(), by name.
+        self._saved: dict[str, bytes] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name].value = value     # state.epoch = 3 is what the next commit saves
+        object.__setattr__(self, name, value)
+
+    def save(self) -> None:
+        saved = {}
+        for name, handler in self._handlers.items():
+            handler.value = getattr(self, name)
+            saved[name] = _pickle(name, handler.capture())
+        self._saved = saved
+
+    def restore(self) -> None:
+        for name, data in self._saved.items():
+            object.__setattr__(self, name, self._handlers[name].apply(pickle.loads(data)))
+
+    def sync(self) -> None:
+        for name, handler in self._handlers.items():
+            handler.value = getattr(self, name)
+            object.__setattr__(self, name, handler.sync(self._bcast_object))
+        # Every rank's last commit is now rank 0's, so a restore() after a failure
+        # returns every rank to the same point.
+        self.save()
+
+    def committed_entries(self) -> dict[str, bytes]:
+        return dict(self._saved)
+
+    def load_entries(self, entries: dict[str, bytes]) -> None:
+        unknown = sorted(set(entries) - set(self._handlers))
+        missing = sorted(set(self._handlers) - set(entries))
+        if unknown or missing:
+            raise StateError(f"the committed state holds attributes {sorted(entries)}, this "
+                             f"State has {sorted(self._handlers)} (unknown: {unknown}, "
+                             f"missing: {missing}); use a new HVDLITE_ELASTIC_DIR to start over")
+        self._saved = dict(entries)
+
+
+def _pickle(name: str, value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise StateError(f"elastic state attribute {name!r} cannot be committed: its value "
+                         f"of type {type(value).__name__} cannot be pickled ({exc}). Keep "
+                         "only picklable values in the State (rebuild the others after "
+                         "restore)") from exc
+
+
+def _setting(field: str, default: Any) -> Any:
+    from hvdlite.api import runtime
+    engine = runtime.RUNTIME.engine
+    current = engine.config if engine is not None else runtime.RUNTIME.config
+    return getattr(current, field) if current is not None else default

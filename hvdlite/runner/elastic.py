@@ -1,0 +1,189 @@
+"""``hvdliterun --elastic``: when the job fails, end it and start it again.
+
+An MPI world cannot lose a rank and go on, so recovery is a restart: any rank's
+failure ends the job (hvdlite aborts it, see ``hvdlite.core.failure``), and this
+loop starts it again, up to ``--max-restarts`` times, on the hosts that
+``--host-discovery-script`` reports then (or the same ones). The script's
+``hvd.elastic.run`` resumes from the state committed in ``HVDLITE_ELASTIC_DIR``,
+which this loop sets to a fresh directory per launch unless it is already set.
+
+A job that exits with ``PREEMPTED_EXIT_CODE`` was asked to stop (SIGUSR1): it is
+not restarted here, its code is returned for the scheduler to requeue it.
+A deterministic error would print the same traceback at every attempt; each
+error report is shown once, later repeats as one line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Optional
+
+from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# An error report: hvdlite's "uncaught" header or a bare traceback, up to the exception line.
+_REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
+                           r"^\[hvdlite\] rank \d+ of \d+ on \S+: uncaught ")
+_HEADER = re.compile(r"^\[hvdlite\] rank \d+ of \d+ on \S+: ")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("elastic (restart on failure)")
+    group.add_argument("--elastic", action="store_true",
+                       help="restart the job when a rank fails (scripts use hvd.elastic.run)")
+    group.add_argument("--max-restarts", type=int, default=3,
+                       help="with --elastic: restarts before giving up (default 3)")
+    group.add_argument("--min-np", type=int,
+                       help="with --elastic: fewest ranks to start with (default -np)")
+    group.add_argument("--host-discovery-script",
+                       help="with --elastic: prints the usable hosts, one 'host[:slots]' a "
+                            "line; run before every start")
+    group.add_argument("--start-timeout", type=float, default=60.0,
+                       help="with --elastic: seconds to wait for --min-np slots (default 60)")
+
+
+def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.elastic:
+        if args.min_np or args.host_discovery_script:
+            p.error("--min-np and --host-discovery-script need --elastic")
+        return
+    if args.max_restarts < 0:
+        p.error("--max-restarts must be >= 0")
+    if args.min_np is not None and not 1 <= args.min_np <= args.np:
+        p.error(f"--min-np must be between 1 and -np ({args.np})")
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        p.error("give --host-discovery-script or -H/--hostfile, not both")
+
+
+def discover(script: str, wanted: int, least: int, timeout: float) -> tuple[str, int]:
+    """(hosts argument, ranks) from the discovery script, waiting for ``least`` slots."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run([script], capture_output=True, text=True, check=False)
+        entries = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        slots = sum(int(e.partition(":")[2] or 1) for e in entries)
+        if out.returncode == 0 and slots >= least:
+            return ",".join(e if ":" in e else e + ":1" for e in entries), min(wanted, slots)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"hvdliterun: {script} reported {slots} slots (exit "
+                               f"{out.returncode}) after {timeout:.0f} s; --min-np is {least}")
+        time.sleep(1.0)
+
+
+def run_elastic(args: argparse.Namespace,
+                build_command: Callable[[argparse.Namespace], list[str]]) -> int:
+    own_dir = None
+    if not os.environ.get("HVDLITE_ELASTIC_DIR"):
+        own_dir = tempfile.mkdtemp(prefix="hvdlite-elastic-")
+        os.environ["HVDLITE_ELASTIC_DIR"] = own_dir
+    code = 1
+    try:
+        code = _attempts(args, build_command)
+        return code
+    finally:
+        if own_dir is not None and code == PREEMPTED_EXIT_CODE:
+            _say(f"hvdliterun: preempted; the last commit is in {own_dir}: run again with "
+                 f"HVDLITE_ELASTIC_DIR={own_dir} to resume")
+        elif own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def _attempts(args: argparse.Namespace,
+              build_command: Callable[[argparse.Namespace], list[str]]) -> int:
+    runner = _Attempt()
+    code = 1
+    for attempt in range(args.max_restarts + 1):
+        if args.host_discovery_script:
+            try:
+                args.hosts, args.np = discover(args.host_discovery_script, args.np,
+                                               args.min_np or args.np, args.start_timeout)
+            except RuntimeError as exc:
+                _say(str(exc))
+                return code
+        code = runner.run(build_command(args))
+        if code == 0 or code == PREEMPTED_EXIT_CODE or runner.interrupted:
+            return code
+        if attempt < args.max_restarts:
+            _say(f"hvdliterun: the job failed (exit code {code}); restart {attempt + 1} of "
+                 f"{args.max_restarts}, resuming from the last commit")
+    _say(f"hvdliterun: giving up after {args.max_restarts} restart(s) (--max-restarts); "
+         f"the job's last exit code was {code}. The error is reported above.")
+    return code
+
+
+class _Attempt:
+    """Runs one launch, forwarding signals; shows each distinct error report once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.interrupted = False
+        self._child: Optional[subprocess.Popen[bytes]] = None
+
+    def run(self, command: list[str]) -> int:
+        previous = {s: signal.signal(s, self._forward) for s in _FORWARDED}
+        try:
+            self._child = subprocess.Popen(command, stderr=subprocess.PIPE)
+            reader = threading.Thread(target=self._filter, args=(self._child.stderr,),
+                                      daemon=True)
+            reader.start()
+            code = self._child.wait()
+            reader.join(timeout=5)
+            return code
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _forward(self, signum: int, frame: object) -> None:
+        if signum != signal.SIGUSR1:
+            self.interrupted = True     # a user's ^C or the scheduler's kill: no restart
+        if self._child is not None and self._child.poll() is None:
+            self._child.send_signal(signum)
+
+    def _filter(self, stream: object) -> None:
+        block: list[str] = []
+        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+            line = raw.decode("utf-8", "replace")
+            if block:
+                block.append(line)
+                if _ends_report(line):
+                    self._emit_report(block)
+                    block = []
+            elif _REPORT_START.search(line):
+                block = [line]
+            else:
+                _write(line)
+        if block:
+            self._emit_report(block)
+
+    def _emit_report(self, block: list[str]) -> None:
+        key = "".join(_HEADER.sub("", line) for line in block)
+        if key in self.seen:
+            kind = block[-1].split(":", 1)[0].strip()[:100]
+            _write(f"hvdliterun: the same {kind} as in an earlier attempt (not shown again)\n")
+            return
+        self.seen.add(key)
+        _write("".join(block))
+
+
+def _ends_report(line: str) -> bool:
+    """The exception line ends a traceback: not indented, not a chaining note."""
+    text = line.rstrip("\n")
+    return bool(text) and not text[0].isspace() and not text.startswith(
+        ("Traceback", "During handling", "The above exception", "[hvdlite]"))
+
+
+def _write(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _say(text: str) -> None:
+    _write(text + "\n")

@@ -1,0 +1,193 @@
+"""Mutation testing with cosmic-ray, driving the real tests of each module.
+
+    python tests/mutation/mutate.py                      # every module in TESTS
+    python tests/mutation/mutate.py hvdlite/core/fusion.py [more modules]
+    python tests/mutation/mutate.py --resume MODULE      # finish an interrupted run
+    python tests/mutation/mutate.py --report MODULE      # print a finished run again
+
+(``make mutate`` and ``make mutate MODULE=...`` run this under ``nice``.) Each
+module is mutated in a scratch copy of the work tree (``.mutation/tree``), so an
+interrupted run never leaves a mutant in your files. cosmic-ray applies one
+mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages
+listed for the module in TESTS, cheapest first, stopping at the first failure.
+Pure modules need only unit tests; the engine, executor, backends and bindings
+need real MPI runs, so their runs take long (minutes per mutant): run them one
+module at a time. A mutant is killed when a stage fails or exceeds the
+module's time limit (a hang). Sessions and reports stay in ``.mutation/``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = ROOT / ".mutation"
+TREE = WORK / "tree"
+PY = sys.executable
+
+# A stage: ("unit", pytest args) runs pytest in one process; ("mpi<N>", args) runs
+# tests/mpi/run.py under mpiexec -n N.
+Stage = tuple[str, str]
+_UNIT_PLANNING = ("unit", "tests/unit/test_planning.py")
+_MPI_REDUCE = ("mpi2", "tests/mpi/test_scaling.py tests/mpi/test_allreduce.py "
+                       "tests/mpi/test_collectives.py")
+
+# module -> (seconds allowed per mutant, stages)
+TESTS: dict[str, tuple[int, list[Stage]]] = {
+    "hvdlite/core/fusion.py": (300, [
+        ("unit", "tests/unit/test_fusion.py tests/unit/test_planning.py"), _MPI_REDUCE]),
+    "hvdlite/core/negotiation.py": (300, [
+        ("unit", "tests/unit/test_negotiation.py tests/unit/test_planning.py"),
+        ("mpi2", "tests/mpi/test_errors.py tests/mpi/test_bad_inputs.py "
+                 "tests/mpi/test_collectives.py")]),
+    "hvdlite/core/executor.py": (400, [
+        ("unit", "tests/unit/test_scaling.py"), _MPI_REDUCE,
+        ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
+        ("mpi3", "tests/mpi/test_scaling.py")]),
+    "hvdlite/core/cache.py": (300, [
+        _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
+    "hvdlite/api/compression.py": (300, [
+        ("mpi2", "tests/mpi/test_scaling.py"),
+        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
+    "hvdlite/api/gradients.py": (400, [
+        ("unit", "tests/unit"),
+        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py"),
+        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
+    "hvdlite/torch/optimizer.py": (400, [
+        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
+                 "tests/mpi/test_torch_parity.py")]),
+    "hvdlite/backends/base.py": (300, [_UNIT_PLANNING, _MPI_REDUCE]),
+    "hvdlite/backends/mpi.py": (300, [_MPI_REDUCE]),
+    "hvdlite/backends/ring.py": (300, [_UNIT_PLANNING, _MPI_REDUCE]),
+    "hvdlite/backends/adasum.py": (300, [
+        ("unit", "tests/unit/test_adasum.py"), ("mpi2", "tests/mpi/test_adasum.py")]),
+}
+
+
+def run_tests(module: str) -> int:
+    """Run a module's stages in the current directory (cosmic-ray's test command)."""
+    limit, stages = TESTS[module]
+    for kind, args in stages:
+        pytest = ["-x", "-q", "-p", "no:cacheprovider", *args.split()]
+        if kind == "unit":
+            command = [PY, "-m", "pytest", *pytest]
+        else:
+            mpiexec = str(Path(PY).with_name("mpiexec"))
+            command = ["timeout", "-k", "5", str(limit), mpiexec, "-n", kind[3:], PY,
+                       "tests/mpi/run.py", *pytest]
+        code = subprocess.call(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if code != 0:
+            print(f"killed by {kind} {args} (exit {code})")
+            return 1
+    return 0
+
+
+def _copy_tree() -> None:
+    """The work tree as git sees it (tracked and untracked, not ignored files)."""
+    if TREE.exists():
+        shutil.rmtree(TREE)
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (TREE / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, TREE / name)
+    (TREE / ".venv").symlink_to(ROOT / ".venv")
+
+
+def _session(module: str) -> tuple[Path, Path]:
+    slug = module.replace("/", ".").removesuffix(".py")
+    return WORK / f"{slug}.toml", WORK / f"{slug}.sqlite"
+
+
+def _cosmic_ray(*args: str) -> None:
+    tool = str(Path(PY).with_name("cosmic-ray"))
+    subprocess.run([tool, *args], cwd=TREE, check=True)
+
+
+def mutate(module: str, resume: bool) -> None:
+    limit, stages = TESTS[module]
+    config, session = _session(module)
+    _copy_tree()
+    print(f"== {module}: baseline (the unmutated tests must pass)", flush=True)
+    if subprocess.call([PY, "tests/mutation/mutate.py", "--run-tests", module], cwd=TREE):
+        sys.exit(f"{module}: the tests fail without any mutant; fix them first")
+    if not (resume and session.exists()):
+        config.write_text(
+            "[cosmic-ray]\n"
+            f'module-path = "{module}"\n'
+            f"timeout = {float(limit * len(stages) + 30)}\n"
+            "excluded-modules = []\n"
+            f'test-command = "{PY} tests/mutation/mutate.py --run-tests {module}"\n\n'
+            '[cosmic-ray.distributor]\nname = "local"\n')
+        session.unlink(missing_ok=True)
+        _cosmic_ray("init", str(config), str(session))
+    print(f"== {module}: running the mutants", flush=True)
+    _cosmic_ray("exec", str(config), str(session))
+
+
+def report(module: str) -> tuple[int, int, int]:
+    """Print and save the score and every surviving mutant; (killed, survived, pending)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome
+
+    _, session = _session(module)
+    killed, survivors, other = 0, [], 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            if result.test_outcome == TestOutcome.SURVIVED:
+                survivors.append((item, result))
+            elif result.test_outcome in (TestOutcome.KILLED, TestOutcome.INCOMPETENT):
+                killed += 1
+            else:
+                other += 1                      # skipped by a filter
+        pending = sum(1 for _ in db.pending_work_items)
+    done = killed + len(survivors)
+    score = 100.0 * killed / done if done else 0.0
+    lines = [f"{module}: {killed}/{done} mutants killed ({score:.1f}%), "
+             f"{len(survivors)} survived, {pending} not run, {other} skipped"]
+    for item, result in survivors:
+        (mutation,) = item.mutations
+        lines.append(f"-- survived: {mutation.operator_name} #{mutation.occurrence} at line "
+                     f"{mutation.start_pos[0]}")
+        lines.append((result.diff or "").strip())
+    text = "\n".join(lines)
+    print(text)
+    (WORK / f"{session.stem}.report.txt").write_text(text + "\n")
+    return killed, len(survivors), pending
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"default: {' '.join(TESTS)}")
+    parser.add_argument("--run-tests", metavar="MODULE", help=argparse.SUPPRESS)
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    parser.add_argument("--report", action="store_true", help="only print the last results")
+    args = parser.parse_args()
+    if args.run_tests:
+        sys.exit(run_tests(args.run_tests))
+    modules = args.modules or list(TESTS)
+    unknown = [m for m in modules if m not in TESTS]
+    if unknown:
+        sys.exit(f"no tests are mapped for {unknown}; add them to TESTS in {__file__}")
+    WORK.mkdir(exist_ok=True)
+    totals = [0, 0]
+    for module in modules:
+        if not args.report:
+            mutate(module, args.resume)
+        killed, survived, _ = report(module)
+        totals[0] += killed
+        totals[1] += survived
+    if len(modules) > 1 and sum(totals):
+        print(f"== total: {totals[0]}/{sum(totals)} killed "
+              f"({100.0 * totals[0] / sum(totals):.1f}%)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    main()
