@@ -45,7 +45,7 @@ def slurm_view(rank: int, size: int, environ: Mapping[str, str]) -> Optional[tup
 
 def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -> None:
     """Refuse the classic SLURM mistake: srun started N tasks but each one is its
-    own MPI world of size 1 (srun --mpi=none with an MPI that needs PMI2), which
+    own MPI world of size 1 (srun --mpi=none, or a PMI its MPI does not speak), which
     would silently train N independent copies of the model."""
     environ = os.environ if environ is None else environ
     try:
@@ -53,12 +53,16 @@ def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -
     except ValueError:
         return
     if "SLURM_PROCID" in environ and tasks > 1 and world_size == 1:
+        from hvdlite.core.mpi_library import library_from_version
         from hvdlite.errors import HvdliteError
+        library = library_from_version(MPI.Get_library_version())
         raise HvdliteError(
             f"srun started {tasks} tasks, but this one (SLURM_PROCID="
             f"{environ['SLURM_PROCID']}) is an MPI world of size 1: the tasks cannot see "
-            "each other. srun must use the PMI of your MPI: `srun --mpi=pmi2` for MPICH "
-            "(or export SLURM_MPI_TYPE=pmi2), `--mpi=pmix` for Open MPI built with PMIx.")
+            f"each other. srun must use the PMI of your MPI, here {library.name} "
+            f"({library.version}): `srun --mpi={library.srun_mpi}` (or export "
+            f"SLURM_MPI_TYPE={library.srun_mpi}); `hvdliterun --check` names it. (MPICH "
+            "needs pmi2, Open MPI pmix.)")
 
 
 def detect(comm: MPI.Comm, environ: Optional[Mapping[str, str]] = None) -> Topology:

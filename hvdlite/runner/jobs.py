@@ -4,9 +4,11 @@
     hvdlite-jobs slurm --nodes 2 --tasks-per-node 2 -- python train.py
     hvdlite-jobs mpirun --nodes 2 --tasks-per-node 2 -- python train.py
     hvdlite-jobs slurm --elastic --nodes 2 -- python train.py   # requeued on preemption
+    hvdlite-jobs srun-mpi        # prints the srun --mpi plugin for the MPI mpi4py loads
 
 The templates are working scripts themselves (``sbatch jobs/slurm_cpu.sbatch python
-train.py``); rendering sets their #SBATCH values and bakes in the command.
+train.py``); rendering sets their #SBATCH values, the srun plugin (--mpi, default: the
+one for the MPI that this Python's mpi4py loads) and bakes in the command.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
+
+from hvdlite.runner.mpi_impl import library
 
 
 def template_dir() -> Path:
@@ -31,7 +35,10 @@ def template_dir() -> Path:
 
 def render(kind: str, nodes: int, tasks_per_node: Optional[int], gpus_per_node: int,
            cpus_per_task: Optional[int], job_name: Optional[str], time_limit: Optional[str],
-           partition: Optional[str], command: Sequence[str], elastic: bool = False) -> str:
+           partition: Optional[str], command: Sequence[str], elastic: bool = False,
+           srun_mpi: Optional[str] = None) -> str:
+    """The script; ``srun_mpi`` (the srun --mpi plugin) defaults to the one the MPI of
+    this Python's mpi4py needs."""
     if elastic:
         if kind != "slurm" or gpus_per_node:
             raise ValueError("--elastic renders the srun CPU template (jobs/slurm_elastic."
@@ -55,6 +62,11 @@ def render(kind: str, nodes: int, tasks_per_node: Optional[int], gpus_per_node: 
         if not found:   # add directives the template does not carry (time, partition)
             text = re.sub(r"^(#SBATCH .*\n)(?!#SBATCH)", rf"\1#SBATCH --{directive}={value}\n",
                           text, count=1, flags=re.M)
+    if kind == "slurm":
+        plugin = srun_mpi or library().srun_mpi
+        text, found = re.subn(r'SLURM_MPI_TYPE:-\$\(.*\)\}"', f'SLURM_MPI_TYPE:-{plugin}}}"', text)
+        if not found:
+            raise ValueError(f"{name} has no SLURM_MPI_TYPE line to set the srun plugin in")
     quoted = " ".join(shlex.quote(part) for part in command)
     return text.replace('"$@"', quoted)
 
@@ -63,8 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="hvdlite-jobs", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("kind", choices=["slurm", "mpirun"],
-                        help="slurm: srun starts the ranks; mpirun: hvdliterun inside the allocation")
+    parser.add_argument("kind", choices=["slurm", "mpirun", "srun-mpi"],
+                        help="slurm: srun starts the ranks; mpirun: hvdliterun inside the "
+                             "allocation; srun-mpi: print the srun --mpi plugin this MPI needs")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--tasks-per-node", type=int, help="ranks per node (default: GPUs per node, else 1)")
     parser.add_argument("--gpus-per-node", type=int, default=0, help="one rank per GPU")
@@ -72,6 +85,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--job-name")
     parser.add_argument("--time", dest="time_limit", help="e.g. 01:00:00")
     parser.add_argument("--partition")
+    parser.add_argument("--mpi", dest="srun_mpi", metavar="PLUGIN",
+                        help="srun --mpi plugin, e.g. pmi2 or pmix (default: pmix for Open MPI, "
+                             "pmi2 for MPICH, whichever mpi4py loads)")
     parser.add_argument("--elastic", action="store_true",
                         help="requeue on preemption (USR1) and resume (hvd.elastic.run)")
     parser.add_argument("-o", "--output-file", help="write the script here instead of stdout")
@@ -80,6 +96,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
+    if args.kind == "srun-mpi":
+        print(args.srun_mpi or library().srun_mpi)
+        return 0
     if not command:
         parser.error("give the training command after --, e.g. -- python train.py")
     if args.gpus_per_node and args.tasks_per_node and args.tasks_per_node != args.gpus_per_node:
@@ -89,7 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--elastic goes with 'slurm' on CPUs (jobs/slurm_elastic.sbatch)")
     script = render(args.kind, args.nodes, args.tasks_per_node, args.gpus_per_node,
                     args.cpus_per_task, args.job_name, args.time_limit, args.partition, command,
-                    args.elastic)
+                    args.elastic, args.srun_mpi)
     if args.output_file:
         Path(args.output_file).write_text(script)
         os.chmod(args.output_file, 0o755)

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from hvdlite.runner import elastic
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
-                                     hosts_argument)
+                                     hosts_argument, library)
 
 # flag -> (HVDLITE_ variable, conversion to the variable's unit)
 _KNOBS = {
@@ -79,12 +79,18 @@ def check() -> int:
     """What this installation can use, without starting a job."""
     launcher = find_launcher()
     from mpi4py import MPI   # initializes a singleton MPI: fine in the launcher
+    lib = library()
     levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
               MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
-    print(f"MPI library:   {MPI.Get_library_version().splitlines()[0].strip()}")
+    print(f"MPI library:   {lib.version} ({lib.name})")
     print(f"thread level:  {levels.get(MPI.Query_thread(), '?')} (the engine needs at least "
           "serialized; multiple is best)")
     print(f"launcher:      {launcher.path} ({launcher.flavor}: {launcher.version})")
+    if launcher.flavor != lib.flavor:
+        print(f"               WARNING: this launcher belongs to another MPI than {lib.name}; "
+              "pass --mpiexec with the one that matches it")
+    print(f"SLURM:         srun --mpi={lib.srun_mpi} (or export SLURM_MPI_TYPE={lib.srun_mpi}); "
+          "hvdlite-jobs writes it into its scripts")
     for module in ("torch", "tensorflow", "cupy"):
         found = importlib.util.find_spec(module) is not None
         print(f"{module + ':':14} {'available' if found else 'not installed'}")

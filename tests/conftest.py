@@ -1,0 +1,41 @@
+"""Every test that runs under an MPI names it in its id, so a failure in `make test`
+says which MPI it was (the suites run under MPICH and under Open MPI): whole-job tests
+as ``test_x[...-openmpi]``, the ranks of the multi-rank suite as
+``test_x[...-openmpi-np2]``. tests/slurm names the MPI in its own parameters (one run
+covers both MPIs there); unit tests run no MPI."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _label(suite: str) -> str | None:
+    from tests.mpirun import mpi_library
+    if suite == "integration":
+        return mpi_library().flavor
+    if suite == "mpi" and "mpi4py.MPI" in sys.modules:   # on the ranks: MPI is running
+        return f"{mpi_library().flavor}-np{sys.modules['mpi4py.MPI'].COMM_WORLD.Get_size()}"
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from tests.mpirun import mpi_library
+    return f"MPI: {mpi_library().version} (the library mpi4py loads)"
+
+
+@pytest.fixture(autouse=True)
+def mpi_under_test(request: pytest.FixtureRequest) -> str | None:
+    """The MPI's label where pytest_generate_tests gave one (read it if useful)."""
+    return getattr(request, "param", None)
+
+
+@pytest.hookimpl(trylast=True)   # after the tests' own parameters: the label ends the id
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parts = Path(str(metafunc.definition.path)).resolve().relative_to(_HERE).parts
+    label = _label(parts[0]) if len(parts) > 1 else None
+    if label:
+        metafunc.parametrize("mpi_under_test", [label], ids=[label])
