@@ -66,14 +66,19 @@ test-mpi: install
 	KERAS_BACKEND=torch $(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) $(KERAS_TORCH_TESTS)
 
 # The same library under Open MPI: the multi-rank suite at -n 2; whole jobs (crashes,
-# stalls, lost ranks, exit codes) at -n 2; every hvdliterun test (-n 2, -n 4
-# oversubscribed, -H, a hostfile, exit codes) under Open MPI's mpirun. Left to the MPICH
-# runs: -n 4 of the rest, the torch benchmark example and the 20-crash stress test.
+# stalls, lost ranks, exit codes, one elastic restart after a killed rank) at -n 2; every
+# hvdliterun test (-n 2, -n 4 oversubscribed, -H, a hostfile, exit codes) under Open MPI's
+# mpirun. Left to the MPICH runs: -n 4 of the rest, the torch benchmark example, the
+# 20-crash stress test, and whole-job tests that do not depend on the MPI (the report,
+# the traffic benchmark, the other elastic resume paths).
 # Test ids end in openmpi / openmpi-np2 (mpich / mpich-npN in the runs above).
-OMPI_JOBS := hvdliterun or not ([4 or synthetic_benchmark or every_time)
+OMPI_INTEGRATION := tests/integration/test_jobs.py tests/integration/test_liveness.py \
+	tests/integration/test_elastic.py
+OMPI_JOBS := (hvdliterun or not ([4 or synthetic_benchmark or every_time)) and \
+	not (shuffled or inside_commit or preempted or exhausted or bad_elastic or hvdlite_run)
 test-ompi: install-ompi
 	$(OMPI_ENV) $(RUN_LIMIT) $(OMPI_MPIEXEC) -n 2 $(OMPI_PY) tests/mpi/run.py tests/mpi
-	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q tests/integration -k '$(OMPI_JOBS)'
+	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q $(OMPI_INTEGRATION) -k '$(OMPI_JOBS)'
 
 test: test-unit test-slurm test-mpi test-ompi
 
