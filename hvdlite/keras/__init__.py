@@ -6,7 +6,7 @@ Other backends are refused at import, naming the supported ones.
 import hvdlite as _hvd
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES
 from hvdlite.keras.backend import OPS as _OPS
-from hvdlite.keras import callbacks
+from hvdlite.keras import callbacks, elastic
 from hvdlite.keras.optimizer import DistributedOptimizer, load_model
 from hvdlite.keras.variables import broadcast_variables
 
@@ -14,4 +14,4 @@ globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES})
 globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
-    "DistributedOptimizer", "load_model", "callbacks", "broadcast_variables"]
+    "DistributedOptimizer", "load_model", "callbacks", "elastic", "broadcast_variables"]

@@ -11,10 +11,11 @@ from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,
                                           broadcast_variables)
 from hvdlite.tensorflow.ops import OPS as _OPS
 from hvdlite.tensorflow.tape import DistributedGradientTape
+from hvdlite.tensorflow import elastic
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
                   if name not in ("broadcast_object", "allgather_object")})
 globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
-    "DistributedGradientTape", "broadcast_variables"]
+    "DistributedGradientTape", "broadcast_variables", "elastic"]
