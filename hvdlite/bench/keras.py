@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from typing import Any, Optional, Sequence
 
 from hvdlite.bench import launches
@@ -248,7 +249,16 @@ def worker(argv: Sequence[str]) -> None:
     comm = MPI.COMM_WORLD.Dup()
     batch = args.batch or BATCH[args.model]
     runners = {"hvdlite": _run_hvdlite, "mwms": _run_mwms, "tape": _run_tape}
-    seconds = runners[args.method](args.model, comm, args.warmup, args.steps, batch)
+    try:
+        seconds = runners[args.method](args.model, comm, args.warmup, args.steps, batch)
+    except BaseException:
+        if args.method != "mwms":
+            raise
+        # Exit now, with the error: the strategy's gRPC threads can keep a failed
+        # worker from exiting, and its peers would wait on it for good.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
     slowest = comm.allreduce(seconds, op=MPI.MAX)
     if comm.Get_rank() == 0:
         rate = batch * comm.Get_size() * args.steps / slowest

@@ -1,6 +1,7 @@
 """Momentum correction of hvdlite.keras's learning-rate callbacks inside
-model.fit's compiled train step (Keras 3 on TensorFlow): the momentum each SGD
-update actually applies, read back from the velocity and the weights, is
+model.fit (Keras 3 on TensorFlow: the compiled train step; make test also runs
+this file with KERAS_BACKEND=torch): the momentum each SGD update actually
+applies, read back from the velocity and the weights, is
 momentum * new_lr / old_lr on the step after a change and the momentum again
 afterwards (Horovod's formula)."""
 from __future__ import annotations
@@ -12,11 +13,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
-if keras.backend.backend() != "tensorflow":
-    pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+if keras.backend.backend() == "tensorflow":
+    pytest.importorskip("tensorflow").config.threading.set_intra_op_parallelism_threads(1)
+else:
+    pytest.importorskip("torch").set_num_threads(1)
 
 import hvdlite.keras as hvd  # noqa: E402
 
@@ -37,9 +38,9 @@ class _Recorder(keras.callbacks.Callback):
 
     def _state(self) -> tuple[np.ndarray, np.ndarray]:
         optimizer = self.model.optimizer
-        velocity = (optimizer.momentums[0].numpy() if optimizer.built
+        velocity = (keras.ops.convert_to_numpy(optimizer.momentums[0]) if optimizer.built
                     else np.zeros((3, 1)))
-        return velocity.copy(), self.model.layers[0].kernel.numpy().copy()
+        return velocity.copy(), keras.ops.convert_to_numpy(self.model.layers[0].kernel).copy()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.after.append(self._state())
@@ -67,7 +68,7 @@ def _train(nesterov: bool, correction: bool) -> _Recorder:
                  recorder]
     model.fit(x, np.zeros((len(x), 1)), batch_size=ROWS, epochs=EPOCHS, shuffle=False,
               verbose=0, callbacks=callbacks)
-    assert not model.run_eagerly        # the compiled train step
+    assert not model.run_eagerly        # on TensorFlow, the compiled train step
     assert model.optimizer.momentum == MOMENTUM
     return recorder
 
