@@ -1,4 +1,4 @@
-"""Entry point: ``python -m hvdlite.bench {allreduce|training|traffic|gpu} [options]``."""
+"""Entry point: ``python -m hvdlite.bench {allreduce|training|traffic|keras|gpu} [options]``."""
 from __future__ import annotations
 
 import sys
@@ -6,6 +6,16 @@ import sys
 from typing import Sequence
 
 from hvdlite.bench import allreduce, training
+
+
+def _keras(argv: Sequence[str]) -> None:
+    from hvdlite.bench import keras    # imports TensorFlow in the workers only
+    keras.main(argv)
+
+
+def _keras_worker(argv: Sequence[str]) -> None:
+    from hvdlite.bench import keras
+    keras.worker(argv)
 
 
 def _gpu(argv: Sequence[str]) -> None:
@@ -19,7 +29,8 @@ def _traffic(argv: Sequence[str]) -> None:
 
 
 COMMANDS = {"allreduce": allreduce.main, "training": training.main,
-            "training-worker": training.worker, "traffic": _traffic, "gpu": _gpu}
+            "training-worker": training.worker, "traffic": _traffic, "keras": _keras,
+            "keras-worker": _keras_worker, "gpu": _gpu}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -1,12 +1,15 @@
 """Horovod's Keras callbacks, with Horovod's names, arguments and formulas.
 
 Learning rates are set on the optimizer's learning-rate variable, which the
-compiled train step reads at run time. Momentum correction (scaling momentum by
-new_lr / old_lr for the step after a change) sets ``optimizer.momentum``, a
-Python float that Keras 3 reads when it traces the train step: a compiled step
-would keep whatever value it saw when traced, for good. So the correction is
-applied only where the step runs eagerly (the torch backend without
-jit_compile, or run_eagerly=True), and skipped in a compiled step.
+compiled train step reads at run time. Momentum correction (Goyal et al., as
+Horovod: the step after a learning-rate change uses momentum * new_lr / old_lr,
+the next ones the momentum again) cannot set ``optimizer.momentum``: Keras 3
+keeps it as a Python float, read once when the train step is traced. The
+velocity slots are scaled by new_lr / old_lr instead, just before the step:
+SGD's ``v = momentum * v - lr * g`` (and RMSprop's) then computes exactly the
+corrected update, in a compiled step as in an eager one, on either backend.
+Nesterov SGD also adds momentum * v to the variable, so after that step the
+variable gets the missing (ratio - 1) * momentum * v.
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import keras
 import numpy as np
 
 import hvdlite as _hvd
-from hvdlite.keras.backend import BACKEND
 from hvdlite.keras.variables import broadcast_variables
 
 
@@ -66,6 +68,23 @@ def _learning_rate(optimizer: Any) -> float:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
+def _iterations(optimizer: Any) -> int:
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def _momentum_slots(optimizer: Any) -> list:
+    """The velocities that Keras 3's momentum optimizers (SGD's ``momentums``,
+    RMSprop's ``_momentums``) multiply by ``optimizer.momentum`` each step; none
+    for optimizers without a ``momentum`` (Adam's first moments are not one)."""
+    momentum = getattr(optimizer, "momentum", None)
+    if not isinstance(momentum, (int, float)) or not momentum or not optimizer.built:
+        return []
+    slots = getattr(optimizer, "momentums", None)
+    if slots is None:
+        slots = getattr(optimizer, "_momentums", None)
+    return [slot for slot in slots or [] if slot is not None]
+
+
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch;
     at each epoch's start (staircase) or each batch with a fractional epoch
@@ -83,7 +102,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-        self._restore_momentum: Optional[float] = None
+        self._nesterov: Optional[tuple[float, int]] = None   # (ratio, iterations before)
 
     def _in_range(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
@@ -92,17 +111,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         old, new = _learning_rate(optimizer), self.initial_lr * self.multiplier(epoch)
         optimizer.learning_rate = new
-        momentum = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and self._step_is_eager() and isinstance(momentum, float) \
-                and old > 0 and new != old:
-            self._restore_momentum = momentum
-            optimizer.momentum = momentum * new / old
+        if self.momentum_correction and old > 0 and new != old:
+            self._correct_momentum(optimizer, new / old)
 
-    def _step_is_eager(self) -> bool:
-        model = self.model
-        if getattr(model, "run_eagerly", False):
-            return True
-        return BACKEND == "torch" and not getattr(model, "jit_compile", False)
+    def _correct_momentum(self, optimizer: Any, ratio: float) -> None:
+        """Scale the velocities so the next update uses momentum * ratio."""
+        slots = _momentum_slots(optimizer)
+        for slot in slots:
+            slot.assign(keras.ops.multiply(slot.value, ratio))
+        if slots and getattr(optimizer, "nesterov", False):
+            previous = self._nesterov[0] if self._nesterov else 1.0
+            self._nesterov = (previous * ratio, _iterations(optimizer))
 
     def _steps(self) -> int:
         steps = self.steps_per_epoch or (self.params or {}).get("steps")
@@ -121,9 +140,15 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust(self.current_epoch + batch / self._steps())
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
-        if self._restore_momentum is not None:
-            self.model.optimizer.momentum = self._restore_momentum
-            self._restore_momentum = None
+        if self._nesterov is None:
+            return
+        optimizer, (ratio, before) = self.model.optimizer, self._nesterov
+        if _iterations(optimizer) == before:
+            return   # no update this batch (backward_passes_per_step): wait for it
+        self._nesterov = None
+        extra = (ratio - 1.0) * optimizer.momentum
+        for variable, slot in zip(optimizer._trainable_variables, _momentum_slots(optimizer)):
+            variable.assign_add(keras.ops.multiply(slot.value, extra))
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if logs is not None:

@@ -9,6 +9,7 @@ import hvdlite as _hvd
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES
 from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,
                                           broadcast_variables)
+from hvdlite.tensorflow.graph import XlaCompileError
 from hvdlite.tensorflow.ops import OPS as _OPS
 from hvdlite.tensorflow.tape import DistributedGradientTape
 from hvdlite.tensorflow import elastic
@@ -18,4 +19,4 @@ globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
 globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
-    "DistributedGradientTape", "broadcast_variables", "elastic"]
+    "DistributedGradientTape", "broadcast_variables", "XlaCompileError", "elastic"]

@@ -11,6 +11,12 @@ counters that name unnamed eager ops cannot be used there. Every graph-mode op
 is named at trace time instead, from the graph: ``<kind>.<input tensor name>``,
 made unique within the graph. Ranks that trace the same code get the same names,
 even when one rank retraces and another does not.
+
+XLA cannot compile a py_function, and TensorFlow cannot keep one op of a
+``tf.function(jit_compile=True)`` outside XLA (outside compilation is for TPUs
+only), so a collective traced into such a function raises XlaCompileError at
+trace time, naming the op and the ways out, instead of XLA's "No registered
+'EagerPyFunc' OpKernel" when the function first runs.
 """
 from __future__ import annotations
 
@@ -20,12 +26,39 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from hvdlite.errors import HvdliteError
+from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.tensorflow.adapter import is_keras_variable
+
+
+class XlaCompileError(UsageError):
+    """A collective was traced into a function that XLA must compile."""
 
 
 def eager() -> bool:
     return tf.executing_eagerly()
+
+
+def in_xla() -> bool:
+    """Tracing a function that XLA must compile (jit_compile=True), or one it calls."""
+    if eager():
+        return False
+    # Private, but the only way to ask: jit_compile=True traces inside an XLA
+    # control-flow context, which this walks up from the current graph.
+    from tensorflow.python.ops import control_flow_util
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def refuse_xla(fn: Callable[..., Any]) -> None:
+    if in_xla():
+        what = fn.__qualname__.replace("_Distributed.", "DistributedOptimizer.")
+        if "." not in what:
+            what = f"hvdlite.tensorflow.{what}"
+        raise XlaCompileError(
+            f"{what} cannot run inside tf.function(jit_compile=True): hvdlite's collectives "
+            "are tf.py_function ops, which XLA cannot compile, and TensorFlow cannot keep "
+            "an op of a jit-compiled function outside XLA. Use jit_compile=False for this "
+            "function, or call the collective outside the compiled function (compile the "
+            "forward and backward pass, reduce the gradients outside it).")
 
 
 def as_tensor(value: Any) -> tf.Tensor:
@@ -71,9 +104,13 @@ def rows_shape(tensor: tf.Tensor) -> tf.TensorShape:
 
 def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A public function of the binding: AutoGraph leaves its body alone (it is
-    Python to run at trace time, not code to convert), and its hvdlite errors
-    reach the caller as themselves rather than as AutoGraph StagingErrors."""
-    plain = tf.autograph.experimental.do_not_convert(fn)
+    Python to run at trace time, not code to convert), it refuses to be traced
+    into an XLA-compiled function, and its hvdlite errors reach the caller as
+    themselves rather than as AutoGraph StagingErrors."""
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        refuse_xla(fn)
+        return fn(*args, **kwargs)
+    plain = tf.autograph.experimental.do_not_convert(checked)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

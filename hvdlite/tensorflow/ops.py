@@ -3,7 +3,8 @@ TensorFlow adapter (``hvdlite.api.binding``), extended to run inside
 ``tf.function`` (see ``graph``) and differentiable with Horovod's conventions:
 the gradient of allreduce is the allreduce of the gradient; the gradients of
 allgather and broadcast are averaged over ranks (broadcast's non-root ranks get
-zeros). ``grouped_allreduce`` is differentiable per tensor. The ``*_async``
+zeros). ``grouped_allreduce`` is differentiable per tensor; alltoall and the
+reducescatters are in ``scatter``. The ``*_async``
 forms, ``synchronize`` and ``poll`` are eager-only, as in Horovod.
 """
 from __future__ import annotations
@@ -15,27 +16,14 @@ import tensorflow as tf
 
 import hvdlite as _hvd
 from hvdlite.api import submission
-from hvdlite.api.binding import make_ops
 from hvdlite.api.compression import Compressor, compressed, compressed_all
-from hvdlite.api.process_set import ProcessSet
 from hvdlite.core.requests import Kind
-from hvdlite.tensorflow import graph
+from hvdlite.tensorflow import graph, scatter
 from hvdlite.tensorflow.adapter import TENSORFLOW, is_variable
+from hvdlite.tensorflow.generated import GENERATED as _OPS, PS
+from hvdlite.tensorflow.generated import member_rank as _member_rank, refuse as _refuse
 
-_OPS = make_ops(TENSORFLOW)
-PS = Optional[ProcessSet]
 Average = _hvd.Average
-
-
-def _member_rank(process_set: PS) -> int:
-    if process_set is None or process_set is _hvd.global_process_set:
-        return _hvd.rank()
-    return process_set.rank()
-
-
-def _refuse(op: str, tensor: Any, *args: Any) -> Any:
-    """Not a TensorFlow tensor: the generated op raises, and tells the peers."""
-    return _OPS[op](tensor, *args)
 
 
 # -- allreduce ---------------------------------------------------------------------------------
@@ -235,68 +223,6 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                      [x.dtype for x in xs], [graph.rows_shape(x) for x in xs])
 
 
-def _int32(counts: Any) -> tf.Tensor:
-    return tf.cast(counts, tf.int32)   # Horovod's dtype for received splits
-
-
-def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
-             process_set: PS = None, *, ignore_name_scope: bool = False) -> Any:
-    """Send ``splits[i]`` rows to rank i (even split when None). Returns the received
-    rows, and with ``splits`` given ``(received, rows received per rank)``."""
-    if not TENSORFLOW.is_tensor(tensor):
-        return _refuse("alltoall", tensor, splits, name, process_set)
-    x = graph.as_tensor(tensor)
-    label = graph.graph_name("alltoall", name, x)
-    if splits is None:
-        return graph.run(lambda e: _OPS["alltoall"](e, None, label, process_set), [x],
-                         [x.dtype], [graph.rows_shape(x)])[0]
-    size = _hvd.size() if process_set is None else process_set.size()
-    split_tensor = tf.convert_to_tensor(splits)
-
-    def exchange(e: tf.Tensor, s: tf.Tensor) -> list[tf.Tensor]:
-        received, counts = _OPS["alltoall"](e, s.numpy(), label, process_set)
-        return [received, _int32(counts)]
-    received, counts = graph.run(exchange, [x, split_tensor], [x.dtype, tf.int32],
-                                 [graph.rows_shape(x), tf.TensorShape([size])])
-    return received, counts
-
-
-def reducescatter(tensor: Any, name: Optional[str] = None,
-                  compression: Optional[type[Compressor]] = None, op: Optional[int] = None,
-                  process_set: PS = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0, *, device_dense: str = "",
-                  ignore_name_scope: bool = False) -> Any:
-    """Reduce across ranks, then rank i keeps the i-th block of rows (the first
-    n % P ranks get one row more)."""
-    if graph.eager() or not TENSORFLOW.is_tensor(tensor):
-        return _OPS["reducescatter"](tensor, name, compression, op, process_set,
-                                     prescale_factor, postscale_factor)
-    def run(wire: Any) -> Any:
-        label = graph.graph_name("reducescatter", name, wire)
-        return graph.run(lambda e: _OPS["reducescatter"](e, label, None, op, process_set,
-                                                         prescale_factor, postscale_factor),
-                         [wire], [wire.dtype], [graph.rows_shape(wire)])[0]
-    return compressed(compression, graph.as_tensor(tensor), run)
-
-
-def grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None,
-                          compression: Optional[type[Compressor]] = None,
-                          op: Optional[int] = None, process_set: PS = None,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                          **horovod: Any) -> list[Any]:
-    tensors = list(tensors)
-    if graph.eager() or not tensors or not all(TENSORFLOW.is_tensor(t) for t in tensors):
-        return _OPS["grouped_reducescatter"](tensors, name, compression, op, process_set,
-                                             prescale_factor, postscale_factor)
-    def run(xs: list[Any]) -> Any:
-        label = graph.graph_name("grouped_reducescatter", name, xs[0])
-        return graph.run(
-            lambda *e: _OPS["grouped_reducescatter"](list(e), label, None, op, process_set,
-                                                     prescale_factor, postscale_factor),
-            xs, [x.dtype for x in xs], [graph.rows_shape(x) for x in xs])
-    return compressed_all(compression, [graph.as_tensor(t) for t in tensors], run)
-
-
 def barrier(process_set: PS = None) -> None:
     """Wait until every rank of the set arrives (eager or in tf.function)."""
     if graph.eager():
@@ -324,5 +250,5 @@ OPS: dict[str, Any] = {name: graph.entry_point(fn) for name, fn in dict(
     _OPS, allreduce=allreduce, grouped_allreduce=grouped_allreduce, allgather=allgather,
     broadcast=broadcast, allreduce_=allreduce_, broadcast_=broadcast_,
     grouped_allreduce_=grouped_allreduce_, grouped_allgather=grouped_allgather,
-    alltoall=alltoall, reducescatter=reducescatter,
-    grouped_reducescatter=grouped_reducescatter, barrier=barrier, join=join).items()}
+    alltoall=scatter.alltoall, reducescatter=scatter.reducescatter,
+    grouped_reducescatter=scatter.grouped_reducescatter, barrier=barrier, join=join).items()}

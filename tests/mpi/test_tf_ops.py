@@ -169,3 +169,29 @@ def test_exports_every_runtime_name() -> None:
     missing = [n for n in hvdlite.__all__ if n not in ("COMMON_NAMES", "__version__")
                and n not in hvd.__all__]
     assert not missing and all(hasattr(hvd, n) for n in hvd.__all__)
+
+
+def test_collectives_in_a_jit_compiled_function_raise_xla_compile_error() -> None:
+    """XLA cannot compile a collective: a clear error when the function is traced,
+    on every rank, naming the op; nothing is submitted, so nothing hangs."""
+    x = tf.ones([2 * hvd.size(), 2])
+    cases = {"allreduce": lambda t: hvd.allreduce(t), "allgather": lambda t: hvd.allgather(t),
+             "reducescatter": lambda t: hvd.reducescatter(t),
+             "alltoall": lambda t: hvd.alltoall(t),
+             "broadcast": lambda t: hvd.broadcast(t, 0)}
+    for op, body in cases.items():
+        with pytest.raises(hvd.XlaCompileError, match=rf"hvdlite\.tensorflow\.{op} cannot run "
+                           r"inside tf\.function\(jit_compile=True\).*jit_compile=False"):
+            tf.function(body, jit_compile=True)(x)
+    variable = tf.Variable(tf.ones([2]))
+
+    @tf.function(jit_compile=True)
+    def step():  # type: ignore[no-untyped-def]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(variable * 2.0)
+        return hvd.DistributedGradientTape(tape).gradient(loss, [variable])
+    with pytest.raises(hvd.XlaCompileError, match=r"DistributedGradientTape\.gradient"):
+        step()
+    assert issubclass(hvd.XlaCompileError, hvd.UsageError)
+    summed = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(x)   # jit_compile off: runs
+    np.testing.assert_array_equal(summed.numpy(), hvd.size() * np.ones([2 * hvd.size(), 2]))
