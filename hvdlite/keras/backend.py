@@ -43,3 +43,23 @@ def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
         from hvdlite.tensorflow.graph import entry_point as tf_entry_point
         return tf_entry_point(fn)
     return fn
+
+
+def mark_step(after: Sequence[Any]) -> None:
+    """HVDLITE_REPORT: a step boundary once ``after`` (the reduced gradients) exist. In
+    a traced TensorFlow step the mark is an op that runs every step (a py_function
+    is stateful, so tf.function keeps it); eagerly it is a plain call."""
+    from hvdlite.api import report
+    recorder = report.recorder()
+    if recorder is None:
+        return
+    if BACKEND == "torch":
+        recorder.step_done()
+        return
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        recorder.step_done()
+        return
+    with tf.control_dependencies([t for t in after if t is not None]):
+        tf.py_function(lambda: recorder.step_done() or 0, [], [tf.int32],
+                       name="HvdliteStepMark")

@@ -34,7 +34,7 @@ from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.gradients import Groups, check_settings
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError, UsageError
-from hvdlite.keras.backend import entry_point, make_reducer
+from hvdlite.keras.backend import entry_point, make_reducer, mark_step
 
 _log = logging.getLogger("hvdlite")
 
@@ -94,7 +94,9 @@ class _Distributed:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
         if self._hvdlite.passes == 1:
-            return super().apply(self._hvdlite_reduce(grads, variables), variables)
+            reduced = self._hvdlite_reduce(grads, variables)
+            mark_step(reduced)
+            return super().apply(reduced, variables)
         return self._hvdlite_accumulate(grads, variables)
 
     def _hvdlite_accumulate(self, grads: list[Any], variables: list[Any]) -> None:
@@ -112,7 +114,9 @@ class _Distributed:
 
         def update() -> None:
             total = [keras.ops.divide(a.value, divisor) for a in accumulators]
-            plain_apply(self._hvdlite_reduce(total, variables), variables)
+            reduced = self._hvdlite_reduce(total, variables)
+            mark_step(reduced)
+            plain_apply(reduced, variables)
             for accumulator in accumulators:
                 accumulator.assign(keras.ops.zeros_like(accumulator.value))
 

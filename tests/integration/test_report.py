@@ -63,3 +63,19 @@ def test_balanced_run_names_nobody(np: int, tmp_path: Path) -> None:
     report, output = _run(np, tmp_path, slow=-1)
     _check_files(report, tmp_path, np, output)
     assert report["stragglers"] == [], report
+
+
+def test_keras_fit_steps_are_recorded_and_the_slow_rank_named(tmp_path: Path) -> None:
+    """model.fit's compiled train step marks every optimizer step (the reductions
+    run in py_functions the graph calls each step)."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HVDLITE_REPORT=str(tmp_path),
+               REPORT_SLOW_RANK="1", REPORT_STEPS="25", REPORT_EXTRA_SLEEP="0.08")
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable,
+                           "tests/integration/report_keras_job.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [r["steps"] for r in report["ranks"]] == [24, 24], report
+    assert report["stragglers"] == [1], report
