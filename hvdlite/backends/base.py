@@ -156,6 +156,22 @@ class HostBackend:
         return self.allreduce(set_id, buf, op)   # type: ignore[attr-defined]
 
 
+class ScratchPair:
+    """Two persistent receive buffers of one dtype, grown on demand: pipelined
+    receives land in one while the other is reduced, and no message allocates (and
+    page-faults) a fresh temporary."""
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, dtype=np.uint8)
+
+    def pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
+        nbytes = elems * dtype.itemsize
+        if 2 * nbytes > self._raw.nbytes:
+            self._raw = np.zeros(2 * nbytes, dtype=np.uint8)
+        raw = self._raw
+        return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)
+
+
 # MPICH rejects bfloat16 SUM and some Open MPI builds silently return garbage
 # for it, so on host backends half types are reduced as float32 (packed with a
 # widening copy). A GPU backend reduces them natively and says so.

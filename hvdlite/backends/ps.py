@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend
+from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, ScratchPair
 from hvdlite.reduce_op import ReduceOp
 
 _TAG_PUSH, _TAG_PULL = 91, 92
@@ -31,7 +31,7 @@ class ParameterServerBackend(HostBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self._scratch = np.empty(0, dtype=np.uint8)
+        self._scratch = ScratchPair()
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
@@ -54,7 +54,7 @@ class ParameterServerBackend(HostBackend):
 
     def _serve(self, comm: MPI.Comm, buf: np.ndarray, op: ReduceOp) -> None:
         size, ufunc = comm.Get_size(), UFUNCS[op]
-        scratch = self._scratch_pair(buf.dtype, buf.size)
+        scratch = self._scratch.pair(buf.dtype, buf.size)
         workers = [r for r in range(size) if r != SERVER]
         pending = comm.Irecv(scratch[0], source=workers[0], tag=_TAG_PUSH)
         for i in range(len(workers)):
@@ -64,9 +64,3 @@ class ParameterServerBackend(HostBackend):
             ufunc(buf, scratch[i % 2], out=buf)
         MPI.Request.Waitall([comm.Isend(buf, dest=w, tag=_TAG_PULL) for w in workers])
 
-    def _scratch_pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
-        nbytes = elems * dtype.itemsize
-        if 2 * nbytes > self._scratch.nbytes:
-            self._scratch = np.zeros(2 * nbytes, dtype=np.uint8)
-        raw = self._scratch
-        return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)

@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, even_counts, segment_bounds
+from hvdlite.backends.base import (DONE, UFUNCS, Done, HostBackend, ScratchPair, even_counts,
+                                   segment_bounds)
 from hvdlite.reduce_op import ReduceOp
 
 _TAG_REDUCE, _TAG_GATHER = 71, 72
@@ -47,19 +48,12 @@ class RingBackend(HostBackend):
         super().__init__()
         self.chunk_bytes = max(64, chunk_bytes)
         self.min_bytes = min_bytes
-        self._scratch = np.empty(0, dtype=np.uint8)
+        self._scratch = ScratchPair()
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
         return (kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
                 and op is not ReduceOp.ADASUM)
-
-    def _scratch_pair(self, dtype: np.dtype, elems: int) -> tuple[np.ndarray, np.ndarray]:
-        nbytes = elems * dtype.itemsize
-        if 2 * nbytes > self._scratch.nbytes:
-            self._scratch = np.zeros(2 * nbytes, dtype=np.uint8)
-        raw = self._scratch
-        return raw[:nbytes].view(dtype), raw[nbytes: 2 * nbytes].view(dtype)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
         return self.allreduce_from(set_id, buf, buf, op)
@@ -104,7 +98,7 @@ class RingBackend(HostBackend):
         rank, size = comm.Get_rank(), comm.Get_size()
         right, left = (rank + 1) % size, (rank - 1) % size
         chunk = max(1, self.chunk_bytes // buf.itemsize)
-        scratch = self._scratch_pair(buf.dtype, chunk)
+        scratch = self._scratch.pair(buf.dtype, chunk)
         ufunc = UFUNCS[op]
         sent = received = 0
         for step, (send_seg, recv_seg) in enumerate(reduce_scatter_schedule(rank, size)):
