@@ -157,3 +157,22 @@ def write(records: list[dict[str, Any]], directory: str) -> dict[str, Any]:
     else:
         report_plot.draw(summary, os.path.join(directory, "report.png"))
     return summary
+
+
+def _on_start(engine: Any, config: Any) -> None:
+    runtime.RUNTIME.recorder = runtime.RUNTIME.gpu_sampler = None
+    if config.report:
+        runtime.RUNTIME.recorder, runtime.RUNTIME.gpu_sampler = start(engine)
+
+
+def _before_shutdown() -> None:
+    """Every rank sends its record to rank 0, which writes the report: a collective,
+    like the shutdown itself, so only while the engine still works."""
+    current = runtime.RUNTIME
+    recorder, current.recorder = current.recorder, None
+    if recorder is not None and current.engine is not None and current.engine.dead is None:
+        finish(recorder, current.gpu_sampler, current.config.report)
+
+
+runtime.START_HOOKS.append(_on_start)
+runtime.STOP_HOOKS.append(_before_shutdown)

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from hvdlite.api.output_pool import OutputPool
 from hvdlite.config import Config
@@ -41,6 +41,13 @@ class Runtime:
 
 RUNTIME = Runtime()
 
+# Services that live as long as a session: each start hook runs with the engine once
+# init() has started it, each stop hook just before shutdown stops it (while
+# collectives still work). The report (api/report.py) registers itself here, so the
+# runtime imports none of its users.
+START_HOOKS: list[Callable[["Engine", Config], None]] = []
+STOP_HOOKS: list[Callable[[], None]] = []
+
 
 def start(comm: Any = None) -> None:
     """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``).
@@ -62,10 +69,8 @@ def start(comm: Any = None) -> None:
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
         RUNTIME.name_counters.clear()
         RUNTIME.outputs = OutputPool(config.output_pool)
-        RUNTIME.recorder = RUNTIME.gpu_sampler = None
-        if config.report:
-            from hvdlite.api import report
-            RUNTIME.recorder, RUNTIME.gpu_sampler = report.start(engine)
+        for hook in START_HOOKS:
+            hook(engine, config)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
@@ -99,10 +104,8 @@ def shutdown() -> None:
     """Stop the engine. Other ranks' later collectives fail with ShutdownError.
     With HVDLITE_REPORT set, every rank first sends its record to rank 0, which
     writes the report (a collective, like the shutdown itself)."""
-    recorder, RUNTIME.recorder = RUNTIME.recorder, None
-    if recorder is not None and RUNTIME.engine is not None and RUNTIME.engine.dead is None:
-        from hvdlite.api import report
-        report.finish(recorder, RUNTIME.gpu_sampler, RUNTIME.config.report)
+    for hook in STOP_HOOKS:
+        hook()
     with RUNTIME.lock:
         engine, RUNTIME.engine = RUNTIME.engine, None
         RUNTIME.topology = None

@@ -20,6 +20,7 @@ import functools
 import logging
 from typing import Any, Callable, TypeVar
 
+from hvdlite.api import runtime
 from hvdlite.elastic import preemption
 from hvdlite.elastic.state import State
 from hvdlite.errors import CollectiveFailedError, HostsUpdatedError
@@ -75,11 +76,10 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
 def _leave_preempted() -> None:
     """Every rank gets here at the same step boundary: shut down together (a clean
     MPI end, so the launcher reports our code), then exit with the requeue code."""
-    import hvdlite
-    if hvdlite.is_initialized() and hvdlite.rank() == 0:
+    if runtime.is_initialized() and runtime.rank() == 0:
         print(f"[hvdlite] preempted: the last commit is saved; exiting with "
               f"{preemption.PREEMPTED_EXIT_CODE} so the job is requeued", flush=True)
-    hvdlite.shutdown()
+    runtime.shutdown()
     raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
 
 

@@ -15,6 +15,10 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hvdlite.api import collectives, submission
+from hvdlite.api.adapter import NUMPY
+from hvdlite.reduce_op import ReduceOp
+
 # EX_TEMPFAIL (sysexits.h): a temporary failure, the caller is invited to retry.
 PREEMPTED_EXIT_CODE = 75
 
@@ -56,9 +60,9 @@ def requested_here() -> bool:
 def agree(host_timestamp: int) -> tuple[bool, int]:
     """One small allreduce (Max) at a step boundary: (whether any rank was asked to
     stop, the newest host-update timestamp any rank has seen)."""
-    import hvdlite
     flags = np.array([1 if _requested.is_set() else 0, host_timestamp], dtype=np.int64)
-    agreed = hvdlite.allreduce(flags, op=hvdlite.Max, name="hvdlite.elastic.boundary")
+    agreed = submission.synchronize(collectives.allreduce_async(
+        NUMPY, flags, op=ReduceOp.MAX, name="hvdlite.elastic.boundary"))
     return bool(agreed[0]), int(agreed[1])
 
 
