@@ -20,6 +20,7 @@ import hvdlite as hvd
 from hvdlite.bench.timing import seconds_per_call
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
+from hvdlite.core.mpi_library import library_from_version
 
 
 def _with_backend(name: str, comm: MPI.Comm) -> None:
@@ -159,7 +160,7 @@ def main(argv: Sequence[str]) -> None:
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()   # the baseline's own communicator
     say(f"hvdlite {hvd.__version__} allreduce benchmark: {hvd.size()} ranks, "
-        f"{MPI.Get_library_version().splitlines()[0].strip()}, fusion threshold "
+        f"{library_from_version(MPI.Get_library_version()).version}, fusion threshold "
         f"{runtime.config().fusion_threshold >> 20} MiB, ring from "
         f"{runtime.config().ring_threshold >> 10} KiB in auto")
     sizes = [4 << 10 << (2 * i) for i in range(20) if (4 << 10 << (2 * i)) <= args.max_mib << 20]
