@@ -94,6 +94,13 @@ class AveragerSettings:
     process_set: Optional[ProcessSet] = None
     checked: set = dataclasses.field(default_factory=set)   # variable lists already compared
 
+    def alone(self) -> bool:
+        """A process set of one rank: the average (or sum) of a gradient is the gradient
+        itself, so nothing is reduced (as the torch optimizer does), and a one-process
+        run of a distributed script has no collective in its train step."""
+        size = self.process_set.size() if self.process_set else runtime.size()
+        return size == 1 and self.predivide == 1.0
+
     def __post_init__(self) -> None:
         check_settings(1, self.op, self.predivide)
         self.compression = self.compression or Compression.none

@@ -39,6 +39,8 @@ class GradientAverager(AveragerSettings):
                              "variables")
         self.check_variables(variables)
         grads = [self._densify(g, v) for g, v in zip(grads, variables)]
+        if self.alone():
+            return grads
         dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
         by_id = {id(variables[i]): n for n, i in enumerate(dense)}
         plan = plan_groups(list(range(len(dense))), self.groups,

@@ -130,3 +130,22 @@ def test_tape_gradient_predivide_factor_gives_the_average() -> None:
     for plain, divided, want in zip(reduced[1.0], reduced[4.0], whole):
         np.testing.assert_allclose(divided, plain, rtol=1e-12, atol=0)
         np.testing.assert_allclose(divided, want, rtol=0, atol=TOLERANCE)
+
+
+def test_one_rank_set_reduces_nothing() -> None:
+    """On a process set of one rank the averaged gradient is the gradient itself: the
+    averager hands back the same tensors (no collective in the step), as the torch
+    optimizer does; a larger set still reduces."""
+    from hvdlite.tensorflow.gradients import GradientAverager
+    singles = [hvd.add_process_set([r]) for r in range(hvd.size())]
+    try:
+        mine = singles[hvd.rank()]
+        variable = tf.Variable(tf.ones(3))
+        grad = tf.constant([1.0, 2.0, 3.0]) * (hvd.rank() + 1)
+        assert GradientAverager("alone", process_set=mine)([grad], [variable])[0] is grad
+        everyone = GradientAverager("everyone")([grad], [variable])[0]
+        np.testing.assert_allclose(everyone.numpy(), np.array([1.0, 2.0, 3.0]) *
+                                   sum(r + 1 for r in range(hvd.size())) / hvd.size())
+    finally:
+        for single in singles:
+            hvd.remove_process_set(single)
