@@ -9,6 +9,7 @@ from hvdlite.torch.functions import (allgather_object, broadcast_object,
                                      broadcast_optimizer_state, broadcast_parameters)
 from hvdlite.torch.ops import OPS as _OPS
 from hvdlite.torch.optimizer import DistributedOptimizer
+from hvdlite.torch import adasum_optimizer as _adasum_optimizer  # noqa: F401  registers op=Adasum
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch import elastic
 

@@ -88,3 +88,6 @@ class AdasumDistributedOptimizer(DistributedOptimizer):
         self._optimizer.add_param_group(param_group)
         for param in self._optimizer.param_groups[-1]["params"]:
             self._names.setdefault(id(param), f"noname.{len(self._names)}")
+
+
+DistributedOptimizer.VARIANTS[_hvd.Adasum] = AdasumDistributedOptimizer

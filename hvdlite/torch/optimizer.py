@@ -31,13 +31,15 @@ from hvdlite.torch.ops import OPS, sparse_allreduce_async
 class DistributedOptimizer(torch.optim.Optimizer):
     """Horovod's ``hvd.DistributedOptimizer(optimizer, named_parameters=...)``."""
 
+    # op -> the subclass that op needs. op=Adasum reduces parameter deltas, not
+    # gradients: a different optimizer (Horovod's factory returns a different class
+    # too), which registers itself here (torch/adasum_optimizer.py).
+    VARIANTS: dict[int, type["DistributedOptimizer"]] = {}
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "DistributedOptimizer":
-        # op=Adasum reduces parameter deltas, not gradients: a different optimizer
-        # (Horovod's factory returns a different class too). op is the 5th argument.
-        op = kwargs.get("op", args[4] if len(args) > 4 else _hvd.Average)
-        if cls is DistributedOptimizer and op == _hvd.Adasum:
-            from hvdlite.torch.adasum_optimizer import AdasumDistributedOptimizer
-            cls = AdasumDistributedOptimizer
+        op = kwargs.get("op", args[4] if len(args) > 4 else _hvd.Average)  # the 5th argument
+        if cls is DistributedOptimizer:
+            cls = DistributedOptimizer.VARIANTS.get(op, cls)
         return super().__new__(cls)
 
     def __init__(self, optimizer: torch.optim.Optimizer,
