@@ -51,6 +51,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/cache.py": (300, [
         _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
+        ("unit", "tests/unit/test_compression.py"),
         ("mpi2", "tests/mpi/test_scaling.py"),
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
     "hvdlite/api/gradients.py": (400, [
