@@ -49,7 +49,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
     "hvdlite/core/cache.py": (300, [
-        _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
+        ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
         ("unit", "tests/unit/test_compression.py"),
         ("mpi2", "tests/mpi/test_scaling.py"),

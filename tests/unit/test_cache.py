@@ -1,0 +1,45 @@
+"""The negotiation cache's bit vector size, its capacity edge cases, and the bit a
+request remembers until the cache changes (found by make mutate on core/cache.py)."""
+from __future__ import annotations
+
+import pytest
+
+from hvdlite.core.cache import ResponseCache
+from hvdlite.core.requests import Descriptor, Kind, Request, Response
+
+
+def _desc(name: str) -> Descriptor:
+    return Descriptor(name=name, kind=Kind.ALLREDUCE, dtype="float32", shape=(4,))
+
+
+@pytest.mark.parametrize("capacity, words", [(0, 0), (1, 1), (63, 1), (64, 1), (65, 2),
+                                             (128, 2), (129, 3), (1024, 16)])
+def test_one_uint64_word_per_64_bits(capacity: int, words: int) -> None:
+    assert ResponseCache(capacity).words == words
+
+
+def test_capacity_zero_caches_nothing_and_one_caches_one() -> None:
+    off = ResponseCache(0)
+    off.insert(Response(desc=_desc("a")), _desc("a"))
+    assert len(off) == 0 and off.lookup(_desc("a")) is None
+    one = ResponseCache(1)
+    one.insert(Response(desc=_desc("a")), _desc("a"))
+    assert len(one) == 1 and one.lookup(_desc("a")) == 0
+    one.insert(Response(desc=_desc("b")), _desc("b"))     # evicts a, reuses its bit
+    assert one.lookup(_desc("a")) is None and one.lookup(_desc("b")) == 0
+
+
+def test_a_request_remembers_its_bit_until_the_cache_changes() -> None:
+    cache = ResponseCache(2)
+    calls = []
+    lookup = cache.lookup
+    cache.lookup = lambda desc: calls.append(desc.name) or lookup(desc)  # type: ignore[method-assign]
+    request = Request(_desc("a"), 0)
+    assert cache.bit_for(request) is None and calls == ["a"]      # unknown: looked up
+    assert cache.bit_for(request) is None and calls == ["a"]      # memoized
+    cache.insert(Response(desc=_desc("a")), _desc("a"))
+    assert cache.bit_for(request) == 0 and calls == ["a", "a"]    # the cache changed
+    assert cache.bit_for(request) == 0 and calls == ["a", "a"]
+    cache.insert(Response(desc=_desc("b")), _desc("b"))
+    cache.insert(Response(desc=_desc("c")), _desc("c"))           # evicts a
+    assert cache.bit_for(request) is None and calls[-1] == "a"
