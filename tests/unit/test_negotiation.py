@@ -81,6 +81,8 @@ def test_alltoall_needs_one_split_per_rank() -> None:
     bad[1] = d(Kind.ALLTOALL, shape=(3, 2), splits=(2, 1))
     message = find_mismatch(bad)
     assert message.startswith("alltoall 't': rank 1 gave 2 splits for a process set of 3")
+    bad[1] = d(Kind.ALLTOALL, shape=(3, 2), splits=(1, 1, 1, 0))      # too many is wrong too
+    assert find_mismatch(bad).startswith("alltoall 't': rank 1 gave 4 splits")
     assert find_mismatch({r: d(Kind.ALLTOALL, shape=(3, 2)) for r in range(3)}) is None
 
 
@@ -114,6 +116,8 @@ def test_responses_carry_what_differs_per_rank() -> None:
     assert build_response(explicit, joined=[]).split_matrix == ((1, 2), (0, 1))
     even = {r: d(Kind.ALLTOALL, shape=(7, 2)) for r in range(3)}
     assert build_response(even, joined=[]).split_matrix == ((3, 2, 2),) * 3
+    odd_share = {r: d(Kind.ALLTOALL, shape=(7, 2)) for r in range(2)}   # 7 // 2 is odd
+    assert build_response(odd_share, joined=[]).split_matrix == ((4, 3),) * 2
     scalars = {r: d(Kind.ALLTOALL, shape=()) for r in range(2)}
     assert build_response(scalars, joined=[]).split_matrix == ((0, 0), (0, 0))
     plain = build_response({0: d(), 1: d()}, joined=[])
