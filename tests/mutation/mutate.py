@@ -33,8 +33,15 @@ PY = sys.executable
 # tests/mpi/run.py under mpiexec -n N.
 Stage = tuple[str, str]
 _UNIT_PLANNING = ("unit", "tests/unit/test_planning.py")
+# The host backends at every size in one process (threads over a fake communicator):
+# a second, and it kills most backend mutants, hangs included, before any mpiexec.
+_UNIT_BACKENDS = ("unit", "tests/unit/test_backends.py tests/unit/test_planning.py")
 _MPI_REDUCE = ("mpi2", "tests/mpi/test_scaling.py tests/mpi/test_allreduce.py "
                        "tests/mpi/test_collectives.py")
+_MPI_TRAFFIC = ("mpi2", "tests/mpi/test_traffic.py")
+# Every test the `backend` fixture runs on the ring, and the ring's byte counts.
+_RING_TESTS = ("tests/mpi/test_allreduce.py tests/mpi/test_collectives.py "
+               "tests/mpi/test_scaling.py tests/mpi/test_traffic.py -k ring")
 
 # module -> (seconds allowed per mutant, stages)
 TESTS: dict[str, tuple[int, list[Stage]]] = {
@@ -61,9 +68,20 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/torch/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
                  "tests/mpi/test_torch_parity.py")]),
-    "hvdlite/backends/base.py": (300, [_UNIT_PLANNING, _MPI_REDUCE]),
-    "hvdlite/backends/mpi.py": (300, [_MPI_REDUCE]),
-    "hvdlite/backends/ring.py": (300, [_UNIT_PLANNING, _MPI_REDUCE]),
+    # The backends: their unit tests first, then the real MPI runs of the collectives
+    # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
+    # limits are for the mutants that deadlock a rank (a wrong tag, peer or segment).
+    "hvdlite/backends/base.py": (60, [
+        ("unit", "tests/unit/test_backend_base.py tests/unit/test_fusion.py"),
+        _UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC]),
+    "hvdlite/backends/mpi.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC]),
+    # The ring also at -n 3 (the backend fixture's ring runs and its byte counts): at
+    # 2 ranks every schedule has one step, so only an odd size shows an off-by-one.
+    "hvdlite/backends/ring.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC,
+                                      ("mpi3", _RING_TESTS)]),
+    # The server at -n 3 as well: a set whose server is not global rank 0 needs 3 ranks.
+    "hvdlite/backends/ps.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC,
+                                    ("mpi3", "tests/mpi/test_traffic.py")]),
     "hvdlite/backends/adasum.py": (300, [
         ("unit", "tests/unit/test_adasum.py"), ("mpi2", "tests/mpi/test_adasum.py")]),
 }
@@ -75,7 +93,7 @@ def run_tests(module: str) -> int:
     for kind, args in stages:
         pytest = ["-x", "-q", "-p", "no:cacheprovider", *args.split()]
         if kind == "unit":
-            command = [PY, "-m", "pytest", *pytest]
+            command = ["timeout", "-k", "5", str(limit), PY, "-m", "pytest", *pytest]
         else:
             mpiexec = str(Path(PY).with_name("mpiexec"))
             command = ["timeout", "-k", "5", str(limit), mpiexec, "-n", kind[3:], PY,
