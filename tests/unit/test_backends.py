@@ -272,3 +272,18 @@ def test_parameter_server_reduces_in_rank_order() -> None:
         expected = expected + data[r]
     for buf in run_ranks(size, work):
         np.testing.assert_array_equal(buf, expected)
+
+
+def test_ring_segment_of_more_than_256_chunks() -> None:
+    """Past CPython's cached small integers: a piece count compared by identity
+    (``is not``) instead of value would read past the last piece."""
+    n = 2 * 8 * 300                                     # 300 chunks of 64 bytes per segment
+
+    def work(comm: ThreadComm) -> np.ndarray:
+        ring = RingBackend(chunk_bytes=64)
+        ring.open_set(0, comm)
+        buf = contribution(comm.rank, n, F64)
+        ring.allreduce(0, buf, ReduceOp.SUM)
+        return buf
+    for buf in run_ranks(2, work):
+        np.testing.assert_array_equal(buf, reference(2, n, F64, ReduceOp.SUM))
