@@ -287,3 +287,12 @@ def test_ring_segment_of_more_than_256_chunks() -> None:
         return buf
     for buf in run_ranks(2, work):
         np.testing.assert_array_equal(buf, reference(2, n, F64, ReduceOp.SUM))
+
+
+def test_mpi_broadcast_root_of_a_set_beyond_256_ranks() -> None:
+    """Ranks past CPython's cached small integers: the root compared by value."""
+    for rank in (299, 300, 301):
+        backend = MpiBackend()
+        backend.open_set(0, RecordingComm(400, rank))
+        backend.broadcast(0, np.zeros(16, np.uint8), root=int("300"))   # a fresh int object
+        assert moved(backend, "broadcast") == ((16, 0) if rank == 300 else (0, 16))
