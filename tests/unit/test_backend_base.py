@@ -93,6 +93,15 @@ def test_scratch_pair_is_two_disjoint_persistent_buffers() -> None:
     grown = scratch.pair(np.dtype(np.float64), 11)
     assert grown[0].size == grown[1].size == 11 and not np.shares_memory(grown[0], first)
     assert not np.shares_memory(grown[0], grown[1])
+    smaller = scratch.pair(np.dtype(np.float64), 4)     # a smaller pair keeps the buffer
+    assert smaller[0].size == smaller[1].size == 4
+    assert np.shares_memory(smaller[0], grown[0]) and np.shares_memory(smaller[1], grown[0])
+    assert not np.shares_memory(smaller[0], smaller[1])
+
+
+def test_an_empty_scratch_pair() -> None:
+    first, second = ScratchPair().pair(np.dtype(np.float32), 0)
+    assert first.size == second.size == 0 and first.dtype == np.float32
 
 
 @pytest.mark.parametrize("total, parts, counts", [
