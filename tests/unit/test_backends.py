@@ -231,7 +231,7 @@ def test_parameter_server_supports_host_allreduce_only() -> None:
     assert not any(server.supports(kind, F64, "cpu", 8) for kind in KINDS[1:])
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 5])
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 6])     # 6: five workers, two rounds of scratch
 @pytest.mark.parametrize("n", [0, 1, 37])
 def test_parameter_server_every_op_and_its_bytes(size: int, n: int) -> None:
     """The server (rank 0) moves N(P-1) bytes each way, a worker N; nothing for one
@@ -296,3 +296,17 @@ def test_mpi_broadcast_root_of_a_set_beyond_256_ranks() -> None:
         backend.open_set(0, RecordingComm(400, rank))
         backend.broadcast(0, np.zeros(16, np.uint8), root=int("300"))   # a fresh int object
         assert moved(backend, "broadcast") == ((16, 0) if rank == 300 else (0, 16))
+
+
+def test_parameter_server_with_more_than_256_workers() -> None:
+    """Past CPython's cached small integers: the worker count compared by value."""
+    size = 258
+
+    def work(comm: ThreadComm) -> np.ndarray:
+        server = ParameterServerBackend()
+        server.open_set(0, comm)
+        buf = np.full(2, float(comm.rank))
+        server.allreduce(0, buf, ReduceOp.SUM)
+        return buf
+    for buf in run_ranks(size, work):
+        np.testing.assert_array_equal(buf, np.full(2, float(sum(range(size)))))
