@@ -211,10 +211,10 @@ def _contiguous(view: Any, device: str) -> Any:
     return array_namespace(device).ascontiguousarray(view)
 
 
-def inplace_output(source: Input, what: str) -> tuple[Any, Any]:
+def inplace_output(source: Input, what: str, writable: bool = True) -> tuple[Any, Any]:
     """(output the engine writes, target to copy it back into, or None)."""
     view = source.view
-    if not getattr(view.flags, "writeable", True):   # CuPy arrays have no such flag
+    if not (writable and getattr(view.flags, "writeable", True)):   # CuPy has no such flag
         raise HvdliteTypeError(f"{what} writes its result into the tensor, which is read-only")
     if view.flags.c_contiguous:        # the common case; shared memory is never contiguous
         return view, None

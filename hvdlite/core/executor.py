@@ -5,7 +5,9 @@ the same order (fused allreduce groups first, then the rest as agreed), so
 the backends' calls always match across ranks. The code is written against
 the array namespace of each request's device (NumPy on the CPU, CuPy on a
 GPU); a backend may finish its work later (``Work.done()``), and a request's
-handle completes only then (``progress``).
+handle completes only then (``progress``), unless the work is ordered on a
+device stream: then the handle completes once everything after it is queued
+behind it, and its caller's stream waits on the result's fence.
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ class Executor:
         self._plans: dict[Hashable, list[list[Response]]] = {}
         self._geometry: dict[int, tuple[int, int]] = {}   # set id -> (my rank, size) in the set
         self._in_flight: collections.deque[tuple[Work, Callable[[], None]]] = collections.deque()
+        # Stream-ordered work already completed to its callers, with the requests whose
+        # inputs it may still be reading (see _after).
+        self._retiring: collections.deque[tuple[Work, Any]] = collections.deque()
 
     def reconfigure(self, config: Any) -> None:
         """Apply a negotiated settings change (same point on every rank)."""
@@ -56,6 +61,7 @@ class Executor:
             plan_key: Optional[Hashable] = None) -> None:
         """Run agreed responses. ``plan_key`` (the agreed cache bits of a fast-path
         round) lets steady-state steps reuse their fusion plan."""
+        self._retire()
         for group in self._plan(responses, plan_key):
             self._allreduce_group(set_id, group, [pending.get(r.name) for r in group])
         for response in responses:
@@ -63,14 +69,28 @@ class Executor:
                 request = pending.get(response.name)
                 self._run_one(set_id, response, request)
 
-    def _after(self, work: Work, finish: Callable[[], None]) -> None:
+    def _after(self, work: Work, finish: Callable[[], None], inputs: Any) -> None:
         if work.done():
             finish()
+        elif getattr(work, "ordered", False):
+            # Queued on the device's engine stream: what finish queues (unpack, scale,
+            # the fence) runs after it on that stream and the caller's stream waits on
+            # the fence, so the handle completes now, with no host synchronisation and
+            # no polling. The inputs stay referenced until the stream is past the work,
+            # so the framework cannot hand their memory to a new tensor while it is read.
+            finish()
+            self._retiring.append((work, inputs))
         else:
             self._in_flight.append((work, finish))
 
+    def _retire(self) -> None:
+        retiring = self._retiring
+        while retiring and retiring[0][0].done():
+            retiring.popleft()
+
     def progress(self) -> int:
         """Finish the work that is done (in order); the number finished."""
+        self._retire()
         finished = 0
         while self._in_flight and self._in_flight[0][0].done():
             self._in_flight.popleft()[1]()
@@ -87,6 +107,8 @@ class Executor:
             work, finish = self._in_flight.popleft()
             work.wait()
             finish()
+        while self._retiring:
+            self._retiring.popleft()[0].wait()
 
     def _finish(self, request: Optional[Request], result: Any) -> None:
         if request is None:
@@ -131,10 +153,10 @@ class Executor:
 
     def _fusion_view(self, device: str, dtype: np.dtype, count: int) -> Any:
         """The device's fusion buffer as ``count`` elements of ``dtype``, once the
-        work that last used it (possibly still running on a stream) is done."""
+        work that last used it is done (or, on a stream, queued ahead of what comes next)."""
         previous = self._fusion_work.pop(device, None)
-        if previous is not None:
-            previous.wait()
+        if previous is not None and not getattr(previous, "ordered", False):
+            previous.wait()          # stream-ordered work is behind us on the stream anyway
         return self._fusion.view(device, dtype, count)
 
     # -- allreduce -------------------------------------------------------------
@@ -181,7 +203,7 @@ class Executor:
             self._span(requests, "memcpy_out", begin)
             for request in requests:
                 self._finish(request, None if request is None else request.output)
-        self._after(work, finish)
+        self._after(work, finish, requests)
 
     # -- everything else ---------------------------------------------------------
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
@@ -194,7 +216,7 @@ class Executor:
         def finish() -> None:
             self._span([request], kind.value, start)
             self._finish(request, result() if callable(result) else result)
-        self._after(work, finish)
+        self._after(work, finish, request)
 
     def _collective(self, set_id: int, response: Response,
                     request: Optional[Request]) -> tuple[Work, Any]:

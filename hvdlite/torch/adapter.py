@@ -64,6 +64,9 @@ class TorchAdapter(TensorAdapter):
     def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
         return tensor.to(_BY_NAME.get(dtype) or getattr(torch, dtype))
 
+    def nbytes(self, tensor: torch.Tensor) -> int:
+        return tensor.numel() * tensor.element_size()
+
     def dtype_name(self, tensor: torch.Tensor) -> str:
         return str(tensor.dtype).removeprefix("torch.")
 
