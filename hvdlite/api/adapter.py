@@ -46,6 +46,11 @@ class TensorAdapter:
         hvdlite.core.devices). None for host tensors."""
         return None
 
+    def contiguous(self, tensor: Any) -> Any:
+        """A contiguous copy of a GPU tensor made on the framework's current stream,
+        or None to let the array namespace copy it."""
+        return None
+
     def writable(self, tensor: Any) -> bool:
         """Whether an in-place op may write into the tensor's memory (TensorFlow's
         immutable tensors may not; host arrays also say so by their flags)."""

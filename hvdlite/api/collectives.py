@@ -10,7 +10,7 @@ from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
                                     check_adasum, check_reduction, check_root, check_scale,
-                                    inplace_output, reduce_op, set_ranks, synchronize)
+                                    inplace_output, reduce_op, set_ranks, synchronize, together)
 from hvdlite.api import runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
@@ -167,7 +167,7 @@ def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[s
     set_id, _ = set_ranks(process_set)
     base = name or runtime.next_name(set_id, f"grouped_{kind}")[0]
     handles: list[int] = []
-    with runtime.engine(f"grouped_{kind}").batch():     # one round, one fused buffer
+    with together(f"grouped_{kind}"):       # one round, one fused buffer, one ready event
         for index, tensor in enumerate(tensors):
             try:
                 handles.append(submit(tensor, name=f"{base}.{index}", process_set=process_set,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 from hvdlite.api import runtime
 from hvdlite.api.adapter import adapter_for
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
@@ -178,7 +179,7 @@ class GradientReducer:
         bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
         if not bucket:
             return
-        with runtime.engine("DistributedOptimizer").batch():
+        with together("DistributedOptimizer"):
             for key in bucket:
                 _, grad, wire, context = self.pending[key]
                 self.pending[key] = (self._start(key, wire), grad, wire, context)

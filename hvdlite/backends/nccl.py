@@ -40,10 +40,13 @@ if NCCL_AVAILABLE:
             ReduceOp.PRODUCT: nccl.NCCL_PROD}
 else:
     _TYPES, _OPS = {}, {}
+# NCCL's own average: NCCL 2.10+, and a CuPy that names it.
+_AVG = getattr(nccl, "NCCL_AVG", None) if NCCL_AVAILABLE and nccl.get_version() >= 21000 else None
 
 
 class NcclBackend:
     name = "nccl"
+    averages = _AVG is not None      # allreduce_many averages by itself
 
     def __init__(self, config: Any) -> None:
         self._mpi: dict[int, Any] = {}
@@ -93,6 +96,27 @@ class NcclBackend:
         stream = current_stream()
         communicator.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype],
                                _OPS[op], stream.ptr)
+        return StreamWork(stream)
+
+    def allreduce_many(self, set_id: int, pairs: Sequence[tuple[Buffer, Buffer]],
+                       op: ReduceOp) -> Optional[StreamWork]:
+        """Reduce each (input, output) pair, in one NCCL group (one launch, no fusion
+        buffer); None where this set is staged (ranks share a GPU): the executor
+        then fuses as usual. Average is NCCL's own where it has one (``averages``):
+        for floats each rank's values are scaled by 1/size before the sum, as DDP
+        does, which equals the division after it up to rounding."""
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return None
+        stream = current_stream()
+        nccl_op = _AVG if op is ReduceOp.AVERAGE and self.averages else _OPS[op]
+        nccl.groupStart()
+        try:
+            for source, target in pairs:
+                communicator.allReduce(source.data.ptr, target.data.ptr, target.size,
+                                       _TYPES[target.dtype], nccl_op, stream.ptr)
+        finally:
+            nccl.groupEnd()
         return StreamWork(stream)
 
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 
 from hvdlite.backends.base import DONE, Work, even_counts
 from hvdlite.core import fusion
+from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
@@ -111,17 +112,23 @@ class Executor:
             self._retiring.popleft()[0].wait()
 
     def _finish(self, request: Optional[Request], result: Any) -> None:
-        if request is None:
+        self._finish_all([request], [result])
+
+    def _finish_all(self, requests: Sequence[Optional[Request]], results: Sequence[Any]) -> None:
+        """Complete requests of one device; on a GPU one fence, recorded after every
+        result is written, is what each consumer's stream waits on."""
+        mine = [(r, result) for r, result in zip(requests, results) if r is not None]
+        if not mine:
             return
-        device = request.desc.device
-        if request.writeback is not None:    # an in-place op on a non-contiguous target
-            array_namespace(device).copyto(request.writeback, request.output)
-            result = request.writeback
-        if device != "cpu":
-            fence = described(device).fence(device)
-            if fence is not None:           # the consumer's stream waits on this
-                result = Fenced(result, fence)
-        self._complete(request, result)
+        device = mine[0][0].desc.device
+        for index, (request, _) in enumerate(mine):
+            if request.writeback is not None:    # an in-place op on a non-contiguous target
+                array_namespace(device).copyto(request.writeback, request.output)
+                mine[index] = (request, request.writeback)
+        fence = described(device).fence(device) if device != "cpu" else None
+        for request, result in mine:
+            # A fenced result: the consumer's stream waits on the fence before use.
+            self._complete(request, result if fence is None else Fenced(result, fence))
 
     def _plan(self, responses: Sequence[Response],
               plan_key: Optional[Hashable]) -> list[list[Response]]:
@@ -172,8 +179,10 @@ class Executor:
         wide = self.chain.reduction_dtype(first.dtype, device)
         op = ReduceOp(first.desc.op)
         size = self._geometry[set_id][1]
-        postscale = _Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
+        postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         start = self._span(requests, "queue", 0.0)
+        if device != "cpu" and self._reduce_each(set_id, group, requests, xp, postscale):
+            return
         direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
@@ -201,9 +210,37 @@ class Executor:
             else:
                 _unpack(xp, requests, counts, buf, postscale)
             self._span(requests, "memcpy_out", begin)
-            for request in requests:
-                self._finish(request, None if request is None else request.output)
+            self._finish_all(requests, [None if r is None else r.output for r in requests])
         self._after(work, finish, requests)
+
+    def _reduce_each(self, set_id: int, group: Sequence[Response],
+                     requests: Sequence[Optional[Request]], xp: Any, postscale: Scale) -> bool:
+        """A backend that reduces many buffers in one call (NCCL's group calls: one
+        launch) reduces each tensor from its input straight into its output, without
+        copies through the fusion buffer (on a GPU each copy is a kernel launch, ~10 us
+        of Python); a backend that ``averages`` needs no division after. Decided from agreed fields only, so every rank takes the same path:
+        not when a rank has joined (it would send zeros from no tensor), with a
+        prescale, or in a widened dtype."""
+        first = group[0]
+        if first.desc.prescale != 1.0 or any(r.joined for r in group) or \
+                self.chain.reduction_dtype(first.dtype, first.desc.device) != first.dtype:
+            return False
+        op = ReduceOp(first.desc.op)
+        backend = self.chain.pick("allreduce", first.dtype, first.desc.device, 0, op)
+        many = getattr(backend, "allreduce_many", None)
+        work = many(set_id, [(r.array, r.output) for r in requests], op) if many else None
+        if work is None:
+            return False
+
+        if op is ReduceOp.AVERAGE and getattr(backend, "averages", False):
+            postscale = Scale(postscale.factor, 1)      # the backend averaged
+
+        def finish() -> None:
+            for request in requests:
+                postscale.apply(xp, request.output)
+            self._finish_all(requests, [r.output for r in requests])
+        self._after(work, finish, requests)
+        return True
 
     # -- everything else ---------------------------------------------------------
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
@@ -247,7 +284,7 @@ class Executor:
         wide = self.chain.reduction_dtype(dtype, desc.device)
         buf = self._fusion_view(desc.device, wide, sum(counts))
         buf[...] = request.array.reshape(-1)
-        _scale(xp, buf, desc.prescale)
+        scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)
         op = ReduceOp(desc.op)
         backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes, op)
@@ -255,7 +292,7 @@ class Executor:
         self._fusion_work[desc.device] = work
 
         def result() -> Any:
-            _Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
+            Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
             return out.astype(dtype, copy=False).reshape((my_rows[rank],) + desc.shape[1:])
         return work, result
 
@@ -311,7 +348,7 @@ def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
     to read (a copy into a fresh output costs as much as a fast allreduce)."""
     source = request.array.reshape(-1)
     if _in_place(xp, source, buf):
-        _scale(xp, buf, prescale)
+        scale(xp, buf, prescale)
     elif prescale != 1.0:
         xp.multiply(source, prescale, out=buf, casting="unsafe")
     elif out_of_place:
@@ -332,38 +369,16 @@ def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
                 piece[...] = 0
             else:
                 piece[...] = request.array.reshape(-1)
-    _scale(xp, buf, prescale)
+    scale(xp, buf, prescale)
 
 
 def _unpack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
-            buf: Any, postscale: "_Scale") -> None:
+            buf: Any, postscale: Scale) -> None:
     postscale.apply(xp, buf)
     for request, start, count in zip(requests, fusion.offsets(counts), counts):
         if request is not None:
             xp.copyto(request.output, buf[start:start + count].reshape(request.output.shape),
                       casting="unsafe")
-
-
-def _scale(xp: Any, buf: Any, factor: float) -> None:
-    if factor != 1.0:
-        # Integer tensors are scaled in float64 and truncated toward zero, as Horovod does.
-        xp.multiply(buf, factor, out=buf, casting="unsafe")
-
-
-class _Scale:
-    """Post-reduction scaling. Average divides by the size rather than multiplying
-    by its reciprocal, which is not exact in float64 for a size that is not a
-    power of two: 5 * (1/3) is one ulp below 5/3, and 49 * (1/49) is 0.999...,
-    which truncates to 0 for integers."""
-    __slots__ = ("factor", "divisor")
-
-    def __init__(self, factor: float, divisor: int) -> None:
-        self.factor, self.divisor = factor, divisor
-
-    def apply(self, xp: Any, buf: Any) -> None:
-        if self.divisor != 1:
-            xp.true_divide(buf, self.divisor, out=buf, casting="unsafe")
-        _scale(xp, buf, self.factor)
 
 
 def _bytes(array: Any) -> Any:

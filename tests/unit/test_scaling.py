@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdlite.core.executor import _Scale, _scale
+from hvdlite.core.scaling import Scale as _Scale, scale as _scale
 
 
 @pytest.mark.parametrize("size,total", [(3, 5), (3, 7), (5, 6), (7, 5)])

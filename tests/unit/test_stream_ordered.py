@@ -60,6 +60,19 @@ class _StreamBackend:
         self.works.append(_StreamWork())
         return self.works[-1]
 
+    many = False        # whether allreduce_many serves (a set staged through the host: no)
+    averages = True
+    many_calls: list[list[tuple[np.ndarray, np.ndarray]]] = []
+
+    def allreduce_many(self, set_id: int, pairs: list, op: ReduceOp) -> Any:
+        if not self.many:
+            return None
+        _StreamBackend.many_calls.append(pairs)
+        for source, target in pairs:     # two ranks with the same values
+            target[...] = source if op is ReduceOp.AVERAGE else 2 * source
+        self.works.append(_StreamWork())
+        return self.works[-1]
+
     def broadcast(self, set_id: int, buf: np.ndarray, root: int) -> _StreamWork:
         self.works.append(_StreamWork())
         return self.works[-1]
@@ -115,6 +128,7 @@ def test_ordered_work_completes_at_once_fenced_and_keeps_its_inputs(executor: An
     assert [r.desc.name for r, _ in completed] == ["a", "b"]
     assert all(isinstance(result, devices.Fenced) for _, result in completed)
     assert completed[0][1].value.tolist() == [0.0, 1.0, 2.0, 3.0]   # sum of 2 ranks / 2
+    assert completed[0][1].fence is completed[1][1].fence          # one fence per group
     assert prepared == [["ready-a", "ready-b"]]      # the stream waited on both inputs
     requests.clear()
     completed.clear()
@@ -182,3 +196,39 @@ def test_tensorflow_in_place_ops_write_only_variables() -> None:
     from hvdlite.tensorflow.adapter import TENSORFLOW
     assert TENSORFLOW.writable(tf.Variable([1.0]))
     assert not TENSORFLOW.writable(tf.constant([1.0]))
+
+
+@pytest.fixture
+def many(executor: Any) -> Iterator[Any]:
+    _StreamBackend.many = True
+    _StreamBackend.many_calls.clear()
+    yield executor
+    _StreamBackend.many = False
+
+
+def test_a_backend_that_reduces_many_buffers_gets_each_tensor_in_place(many: Any) -> None:
+    run, completed, _ = many
+    requests = [_allreduce("a", np.arange(3.0)), _allreduce("b", np.full(2, 4.0))]
+    run.run(0, [Response(r.desc) for r in requests], {r.desc.name: r for r in requests})
+    (pairs,) = _StreamBackend.many_calls           # one call, no fusion buffer
+    assert [(s is r.array, t is r.output) for (s, t), r in zip(pairs, requests)] == \
+        [(True, True)] * 2
+    assert [r.value.tolist() for _, r in completed] == [[0.0, 1.0, 2.0], [4.0, 4.0]]
+
+
+@pytest.mark.parametrize("case", ["prescale", "joined", "staged"])
+def test_groups_the_backend_cannot_take_whole_are_fused(many: Any, case: str) -> None:
+    run, completed, _ = many
+    request = _allreduce("p", np.full(3, 2.0), ReduceOp.SUM)
+    response = Response(request.desc)
+    if case == "prescale":
+        request.desc = request.desc._replace(prescale=0.5)
+        response = Response(request.desc)
+    elif case == "joined":
+        response = Response(request.desc, joined=(1,))
+    else:
+        _StreamBackend.many = False
+    run.run(0, [response], {"p": request})
+    assert _StreamBackend.many_calls == []
+    expected = 2.0 if case == "prescale" else 4.0
+    assert completed[0][1].value.tolist() == [expected] * 3
