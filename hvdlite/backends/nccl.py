@@ -52,6 +52,8 @@ class NcclBackend:
         self._mpi: dict[int, Any] = {}
         self._nccl: dict[int, Optional[Any]] = {}   # None: the set shares a GPU -> staged
         self._staged = StagedBackend(config)
+        # One estimated byte count with the staged fallback's (NCCL picks its algorithm).
+        self.traffic = self._staged.traffic
         self.configure(config)
 
     def configure(self, config: Any) -> None:
@@ -96,6 +98,7 @@ class NcclBackend:
         stream = current_stream()
         communicator.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype],
                                _OPS[op], stream.ptr)
+        self._count_allreduce(set_id, buf.nbytes)
         return StreamWork(stream)
 
     def allreduce_many(self, set_id: int, pairs: Sequence[tuple[Buffer, Buffer]],
@@ -117,7 +120,13 @@ class NcclBackend:
                                        _TYPES[target.dtype], nccl_op, stream.ptr)
         finally:
             nccl.groupEnd()
+        self._count_allreduce(set_id, sum(target.nbytes for _, target in pairs))
         return StreamWork(stream)
+
+    def _count_allreduce(self, set_id: int, nbytes: int) -> None:
+        size = self._mpi[set_id].Get_size()
+        estimate = 2 * nbytes * (size - 1) // size      # what a ring moves each way
+        self.traffic.add("allreduce", estimate, estimate)
 
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:
         communicator = self._communicator(set_id)
@@ -126,6 +135,9 @@ class NcclBackend:
         stream = current_stream()
         communicator.broadcast(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype], root,
                                stream.ptr)
+        if self._mpi[set_id].Get_size() > 1:
+            is_root = self._mpi[set_id].Get_rank() == root
+            self.traffic.add("broadcast", buf.nbytes if is_root else 0, 0 if is_root else buf.nbytes)
         return StreamWork(stream)
 
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
@@ -143,6 +155,8 @@ class NcclBackend:
                 communicator.broadcast(source, recv.data.ptr + start, count, kind, root,
                                        stream.ptr)
         nccl.groupEnd()
+        others = sum(counts) - send.nbytes
+        self.traffic.add("allgather", others, others)
         return StreamWork(stream)
 
     def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
@@ -160,6 +174,9 @@ class NcclBackend:
             if r_n:
                 communicator.recv(recv.data.ptr + r_off, r_n, kind, peer, stream.ptr)
         nccl.groupEnd()
+        me = self._mpi[set_id].Get_rank()
+        self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
+                         sum(recv_counts) - recv_counts[me])
         return StreamWork(stream)
 
     def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
@@ -177,4 +194,6 @@ class NcclBackend:
                 communicator.reduce(buf.data.ptr + start * itemsize, target, count, kind,
                                     _OPS[op], root, stream.ptr)
         nccl.groupEnd()
+        others = buf.nbytes - out.nbytes
+        self.traffic.add("reducescatter", others, others)
         return StreamWork(stream)

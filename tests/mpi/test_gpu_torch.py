@@ -91,6 +91,18 @@ def test_data_movement_on_gpu(gpu_path: str) -> None:
     assert scattered.shape[0] == 2 + (1 if rank == 0 else 0)
 
 
+def test_gpu_traffic_is_counted(gpu_path: str) -> None:
+    """NCCL and the staged path count their bytes (estimates) like the host backends."""
+    size = hvd.size()
+    before = runtime_hvd.traffic()
+    hvd.allreduce(torch.ones(1024, device="cuda"), op=hvd.Sum, name=f"gpu.traffic.{gpu_path}")
+    after = runtime_hvd.traffic()
+    expected = 2 * 4096 * (size - 1) // size            # a ring's bytes each way
+    assert (after["sent"] - before["sent"], after["received"] - before["received"]) == \
+        (expected, expected)
+    assert after["backends"].keys() & {"nccl", "staged"}
+
+
 def test_collective_waits_for_work_queued_on_the_callers_stream() -> None:
     """The input is still being computed on a side stream when it is submitted: the
     engine's stream must wait for it, and the result must be usable there at once."""
