@@ -48,6 +48,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_scaling.py"), _MPI_REDUCE,
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
+    "hvdlite/core/scaling.py": (300, [
+        ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
+        ("mpi3", "tests/mpi/test_scaling.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
