@@ -44,6 +44,10 @@ else:
 _AVG = getattr(nccl, "NCCL_AVG", None) if NCCL_AVAILABLE and nccl.get_version() >= 21000 else None
 
 
+# Operations per NCCL group call: older NCCL releases refuse groups of more than 2048.
+_GROUP_OPS = 1024
+
+
 class NcclBackend:
     name = "nccl"
     averages = _AVG is not None      # allreduce_many averages by itself
@@ -113,13 +117,14 @@ class NcclBackend:
             return None
         stream = current_stream()
         nccl_op = _AVG if op is ReduceOp.AVERAGE and self.averages else _OPS[op]
-        nccl.groupStart()
-        try:
-            for source, target in pairs:
-                communicator.allReduce(source.data.ptr, target.data.ptr, target.size,
-                                       _TYPES[target.dtype], nccl_op, stream.ptr)
-        finally:
-            nccl.groupEnd()
+        for first in range(0, len(pairs), _GROUP_OPS):
+            nccl.groupStart()
+            try:
+                for source, target in pairs[first:first + _GROUP_OPS]:
+                    communicator.allReduce(source.data.ptr, target.data.ptr, target.size,
+                                           _TYPES[target.dtype], nccl_op, stream.ptr)
+            finally:
+                nccl.groupEnd()
         self._count_allreduce(set_id, sum(target.nbytes for _, target in pairs))
         return StreamWork(stream)
 
