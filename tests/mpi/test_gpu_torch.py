@@ -91,6 +91,15 @@ def test_data_movement_on_gpu(gpu_path: str) -> None:
     assert scattered.shape[0] == 2 + (1 if rank == 0 else 0)
 
 
+def test_a_group_of_more_tensors_than_one_nccl_group_call_takes(gpu_path: str) -> None:
+    rank, size = hvd.rank(), hvd.size()
+    tensors = [torch.full((3,), float(rank + i), device="cuda") for i in range(1500)]
+    averaged = hvd.grouped_allreduce(tensors, name=f"gpu.many.{gpu_path}")
+    expected = torch.tensor([(size - 1) / 2 + i for i in range(1500)], dtype=torch.float32)
+    assert torch.allclose(torch.stack(averaged)[:, 0].cpu(), expected)
+    assert all(t.is_cuda for t in averaged)
+
+
 def test_gpu_traffic_is_counted(gpu_path: str) -> None:
     """NCCL and the staged path count their bytes (estimates) like the host backends."""
     size = hvd.size()
