@@ -134,3 +134,22 @@ def test_a_gradient_in_the_bucket_computed_again_is_refused(reducer: Any) -> Non
     made.submit(0, _FakeGpuTensor(10))
     with pytest.raises(Exception, match="more than backward_passes_per_step"):
         made.ready(0)
+
+
+class _CountingGpuAdapter(_FakeGpuAdapter):
+    def __init__(self) -> None:
+        self.events = 0
+
+    def ready_event(self, tensor: Any) -> int:
+        self.events += 1
+        return self.events
+
+
+def test_a_batch_of_gpu_tensors_shares_one_ready_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hvdlite.api import submission
+    adapter = _CountingGpuAdapter()
+    monkeypatch.setattr(runtime, "engine", lambda what="": _Engine())
+    alone = [submission.Input(adapter, _FakeGpuTensor(4), "t").ready for _ in range(2)]
+    with submission.together("test"):
+        shared = [submission.Input(adapter, _FakeGpuTensor(4), "t").ready for _ in range(3)]
+    assert alone == [1, 2] and shared == [3, 3, 3]
