@@ -67,10 +67,14 @@ class TensorFlowAdapter(TensorAdapter):
         return tf.convert_to_tensor(np.asarray(array))
 
     def device(self, tensor: Any) -> str:
-        """"cuda:N" for a tensor or variable on TensorFlow's GPU:N, else "cpu"."""
+        """"cuda:N" for a tensor or variable on TensorFlow's GPU:N, else "cpu". An
+        int32 tensor "on a GPU" is in host memory (TensorFlow keeps int32 there), so
+        it travels as a host array, alike on every rank."""
         name = (tensor.value if is_keras_variable(tensor) else tensor).device or ""
         kind, _, index = name.rpartition("device:")[2].partition(":")
-        return f"cuda:{index or 0}" if kind.upper() == "GPU" else "cpu"
+        if kind.upper() != "GPU" or tensor.dtype == tf.int32:
+            return "cpu"
+        return f"cuda:{index or 0}"
 
     def writable(self, tensor: Any) -> bool:
         return is_variable(tensor)

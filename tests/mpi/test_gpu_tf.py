@@ -50,7 +50,7 @@ def test_allreduce_of_gpu_tensors_stays_on_the_gpu(mode: str, dtype: "tf.DType")
         total, biggest = _mode(lambda t: (hvd.allreduce(t, op=hvd.Sum, name=f"tfgpu.sum.{mode}"),
                                           hvd.allreduce(t, op=hvd.Max, name=f"tfgpu.max.{mode}")),
                                mode)(x)
-    if mode == "eager":
+    if mode == "eager" and dtype != tf.int32:     # TensorFlow keeps int32 in host memory
         assert _on_gpu(total)
     np.testing.assert_array_equal(total.numpy(), np.full(1000, size * (size + 1) // 2))
     np.testing.assert_array_equal(biggest.numpy(), np.full(1000, size))

@@ -176,8 +176,9 @@ def test_host_work_that_is_not_done_still_completes_only_when_done(executor: Any
 class _Placed:
     """Stands in for a TensorFlow tensor placed by TensorFlow's device string."""
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self, device: str, dtype: str = "float32") -> None:
+        import tensorflow as tf
+        self.device, self.dtype = device, tf.as_dtype(dtype)
 
 
 @pytest.mark.parametrize("placement,expected", [
@@ -189,6 +190,7 @@ def test_tensorflow_placement_names_the_device(placement: str, expected: str) ->
     adapter = pytest.importorskip("hvdlite.tensorflow.adapter",
                                   reason="TensorFlow is not installed here").TENSORFLOW
     assert adapter.device(_Placed(placement)) == expected
+    assert adapter.device(_Placed(placement, "int32")) == "cpu"     # kept in host memory
 
 
 def test_tensorflow_in_place_ops_write_only_variables() -> None:
