@@ -62,7 +62,7 @@ def test_gather_broadcast_alltoall_reducescatter_on_the_gpu() -> None:
         rows = tf.fill([rank + 1, 2], float(rank))
         gathered = hvd.allgather(rows, name="tfgpu.gather")
         root = hvd.broadcast(tf.constant([rank, 7.0]), size - 1, name="tfgpu.bcast")
-        swapped = hvd.alltoall(tf.range(size) + 10 * rank, name="tfgpu.a2a")
+        swapped = hvd.alltoall(tf.cast(tf.range(size) + 10 * rank, tf.float32), name="tfgpu.a2a")
         scattered = hvd.reducescatter(tf.ones([2 * size, 3]), op=hvd.Sum, name="tfgpu.rs")
     assert all(_on_gpu(t) for t in (gathered, root, swapped, scattered))
     expected = np.concatenate([np.full((r + 1, 2), float(r)) for r in range(size)])
