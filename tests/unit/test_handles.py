@@ -43,9 +43,12 @@ def test_the_first_outcome_wins() -> None:
     table.fail(done, HvdliteError("late failure"))
     table.fail(failed, HvdliteError("it failed"))
     table.complete(failed, 2)
+    table.complete(done, 3)
     assert table.wait(done) == 1
     with pytest.raises(HvdliteError, match="it failed"):
         table.wait(failed)
+    table.complete(done, 4)              # forgotten handles: late outcomes are ignored
+    table.fail(12345, HvdliteError("never created"))
 
 
 def test_completion_is_seen_only_after_notify_and_wakes_a_waiter() -> None:
