@@ -51,6 +51,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/scaling.py": (300, [
         ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
+    # The device registry: its unit tests stand in a device, a stream backend and a plugin.
+    "hvdlite/core/devices.py": (60, [
+        ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py"),
+        ("mpi2", "tests/mpi/test_allreduce.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     "hvdlite/core/cache.py": (300, [
