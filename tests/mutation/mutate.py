@@ -55,6 +55,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/devices.py": (60, [
         ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py"),
         ("mpi2", "tests/mpi/test_allreduce.py")]),
+    "hvdlite/core/chain.py": (60, [
+        ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py"),
+        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     "hvdlite/core/cache.py": (300, [
