@@ -27,7 +27,9 @@ def _picked(chain: BackendChain, nbytes: int, op: ReduceOp = ReduceOp.SUM,
 
 
 def test_auto_uses_mpi_below_the_ring_threshold_and_the_ring_from_it() -> None:
-    chain = _chain(allreduce="auto", ring_threshold=1000)
+    # As from the environment: a string made at run time, not an interned literal.
+    chain = BackendChain(Config.load({"HVDLITE_ALLREDUCE": "".join(["au", "to"]),
+                                      "HVDLITE_RING_THRESHOLD": "1000"}))
     assert _picked(chain, 999) == "mpi" and _picked(chain, 1000) == "ring"
     assert _picked(chain, 1000, kind="reducescatter") == "ring"
     assert _picked(chain, 1 << 30, kind="allgather") == "mpi"
@@ -37,7 +39,8 @@ def test_auto_uses_mpi_below_the_ring_threshold_and_the_ring_from_it() -> None:
                                                  ("mpi", "mpi", "mpi"), ("ps", "ps", "ps")])
 def test_the_setting_picks_one_backend_for_every_size(setting: str, small: str, large: str) -> None:
     chain = _chain(allreduce=setting, ring_threshold=1000)
-    assert (_picked(chain, 8), _picked(chain, 1 << 20)) == (small, large)
+    assert (_picked(chain, 0), _picked(chain, 8), _picked(chain, 1 << 20)) == \
+        (small, small, large)                             # empty tensors too
     assert _picked(chain, 8, kind="broadcast") == "mpi"     # what the others lack: MPI
 
 
@@ -83,6 +86,9 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
             return np.dtype(np.float64)
 
+        def configure(self, config: Any) -> None:
+            self.config = config
+
         def open_set(self, set_id: int, comm: Any) -> None:
             opened.append(set_id)
 
@@ -103,13 +109,16 @@ def test_a_plugins_backend_joins_the_front_and_serves_every_open_set(fake_device
     assert chain.reduction_dtype(F32, "cpu") == F32
     chain.close_set(5)
     assert fake_device == [0]
+    settings = Config.load({}, gpu_allreduce="mpi")
+    chain.configure(settings)
+    assert chain.backends[0].config is settings          # plugin backends see changes
     assert _picked(chain, 8) == "mpi"                # the CPU still goes to the host
 
 
 def test_traffic_totals_add_every_backend_and_count_estimates() -> None:
     chain = _chain()
-    chain.every_backend()[-1].traffic.add("allreduce", 10, 20)    # MPI: an estimate
-    chain._ring.traffic.add("allreduce", 1, 2)                    # the ring: exact
-    assert chain.traffic_totals() == (11, 22, 30)
-    assert chain.traffic()["ring"]["kinds"]["allreduce"] == {"calls": 1, "sent": 1,
-                                                             "received": 2}
+    chain.every_backend()[-1].traffic.add("allreduce", 12, 20)    # MPI: an estimate
+    chain._ring.traffic.add("allreduce", 4, 6)                    # the ring: exact
+    assert chain.traffic_totals() == (16, 26, 32)
+    assert chain.traffic()["ring"]["kinds"]["allreduce"] == {"calls": 1, "sent": 4,
+                                                             "received": 6}
