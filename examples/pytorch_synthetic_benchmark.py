@@ -63,14 +63,14 @@ def main() -> None:
     parser.add_argument("--no-cuda", action="store_true", default=False,
                         help="train on the CPU even where a GPU is available")
     parser.add_argument("--use-adasum", action="store_true", default=False,
-                        help="Adasum is not supported by hvdlite")
+                        help="reduce with Adasum instead of averaging (CPU tensors only)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = parser.parse_args()
-    if args.use_adasum:
-        raise SystemExit("hvdlite does not implement Adasum; drop --use-adasum")
 
     hvd.init()
     cuda = not args.no_cuda and torch.cuda.is_available()
+    if args.use_adasum and cuda:
+        raise SystemExit("hvdlite's Adasum reduces CPU tensors only; add --no-cuda")
     if cuda:
         torch.cuda.set_device(hvd.local_device())    # one rank per GPU
     torch.set_num_threads(args.threads)
@@ -78,10 +78,13 @@ def main() -> None:
     model, shape = build(args.model)
     device = torch.device("cuda" if cuda else "cpu")
     model.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    # Adasum combines gradients without averaging them: no learning-rate scaling.
+    optimizer = torch.optim.SGD(model.parameters(),
+                                lr=0.01 * (1 if args.use_adasum else hvd.size()))
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression,
+                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     data = torch.randn(args.batch_size, *shape, device=device)

@@ -134,6 +134,13 @@ class Config:
         "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
         "staging) or 'mpi' (copies through pinned host memory and the "
         "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
+    gpu_bucket_bytes: int = _knob(
+        25 << 20, parse_bytes,
+        "DistributedOptimizer hands GPU gradients to the engine in buckets of this many "
+        "bytes, in the order backward produces them (the last, partial bucket at "
+        "synchronize()): one engine round and one fused reduction per bucket instead of "
+        "per gradient, whose Python overhead would otherwise compete with the backward "
+        "pass. 0 submits each GPU gradient as soon as it is ready, as CPU gradients are.")
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

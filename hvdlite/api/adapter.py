@@ -46,6 +46,16 @@ class TensorAdapter:
         hvdlite.core.devices). None for host tensors."""
         return None
 
+    def contiguous(self, tensor: Any) -> Any:
+        """A contiguous copy of a GPU tensor made on the framework's current stream,
+        or None to let the array namespace copy it."""
+        return None
+
+    def writable(self, tensor: Any) -> bool:
+        """Whether an in-place op may write into the tensor's memory (TensorFlow's
+        immutable tensors may not; host arrays also say so by their flags)."""
+        return True
+
     def wait_fence(self, fence: Any) -> None:
         """Make the framework's current stream wait on a result's fence (an event
         the engine recorded after writing it), so no host synchronisation is needed."""
@@ -58,6 +68,9 @@ class TensorAdapter:
 
     def dtype_name(self, tensor: Any) -> str:
         raise NotImplementedError
+
+    def nbytes(self, tensor: Any) -> int:
+        return int(self.to_array(tensor).nbytes)
 
     def is_floating(self, tensor: Any) -> bool:
         raise NotImplementedError

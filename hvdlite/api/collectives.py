@@ -10,7 +10,7 @@ from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
                                     check_adasum, check_reduction, check_root, check_scale,
-                                    inplace_output, reduce_op, set_ranks, synchronize)
+                                    inplace_output, reduce_op, set_ranks, synchronize, together)
 from hvdlite.api import runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
@@ -49,7 +49,7 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
         if reduction is ReduceOp.ADASUM:
             check_adasum(source, call.set_size, call.name)
         if inplace:
-            output, writeback = inplace_output(source, "allreduce_")
+            output, writeback = inplace_output(source, "allreduce_", adapter.writable(tensor))
         else:
             output, writeback = _fresh_output(source), None
         prescale = check_scale(prescale_factor, "prescale_factor")
@@ -82,7 +82,7 @@ def broadcast_async(adapter: TensorAdapter, tensor: Any, root_rank: int,
         root = check_root(root_rank, call)
         source = Input(adapter, tensor, "broadcast_" if inplace else "broadcast")
         if inplace:
-            output, writeback = inplace_output(source, "broadcast_")
+            output, writeback = inplace_output(source, "broadcast_", adapter.writable(tensor))
         else:
             output, writeback = source.array.copy(), None
     except ARGUMENT_ERRORS as error:
@@ -167,14 +167,15 @@ def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[s
     set_id, _ = set_ranks(process_set)
     base = name or runtime.next_name(set_id, f"grouped_{kind}")[0]
     handles: list[int] = []
-    for index, tensor in enumerate(tensors):
-        try:
-            handles.append(submit(tensor, name=f"{base}.{index}", process_set=process_set,
-                                  **kwargs))
-        except (UsageError, HvdliteTypeError) as error:
-            for later in range(index + 1, len(tensors)):
-                Call(Kind(kind.rstrip("_")), f"{base}.{later}", process_set).mark(error)
-            raise
+    with together(f"grouped_{kind}"):       # one round, one fused buffer, one ready event
+        for index, tensor in enumerate(tensors):
+            try:
+                handles.append(submit(tensor, name=f"{base}.{index}", process_set=process_set,
+                                      **kwargs))
+            except (UsageError, HvdliteTypeError) as error:
+                for later in range(index + 1, len(tensors)):
+                    Call(Kind(kind.rstrip("_")), f"{base}.{later}", process_set).mark(error)
+                raise
     return GroupHandle(handles)
 
 

@@ -15,7 +15,9 @@ import dataclasses
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 from hvdlite.api import runtime
+from hvdlite.api.adapter import adapter_for
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
@@ -122,6 +124,8 @@ class GradientReducer:
         self.pending: dict[Key, tuple[int, Any, Any, Any]] = {}
         self._passes: dict[Key, int] = {}
         self._ready_in_group: dict[int, int] = {}
+        self._bucket: list[Key] = []        # GPU gradients not handed to the engine yet
+        self._bucket_bytes = 0
 
     def ready(self, key: Key) -> list[Key]:
         """Count one backward pass for ``key``; return the keys now due for reduction."""
@@ -154,11 +158,31 @@ class GradientReducer:
             self.pending[key] = (None, grad, grad, None)
             return
         wire, context = self._compression.compress(grad)
+        cap = _gpu_bucket_cap(wire)
+        if not cap:
+            self.pending[key] = (self._start(key, wire), grad, wire, context)
+            return
+        self.pending[key] = (_IN_BUCKET, grad, wire, context)
+        self._bucket.append(key)
+        self._bucket_bytes += adapter_for(wire).nbytes(wire)
+        if self._bucket_bytes >= cap:
+            self.flush()
+
+    def _start(self, key: Key, wire: Any) -> int:
         op, prescale, postscale = scaled_op(self._op, self._predivide, self._process_set)
-        handle = self._allreduce_async_(wire, name=f"allreduce.{self.names[key]}", op=op,
-                                        prescale_factor=prescale, postscale_factor=postscale,
-                                        process_set=self._process_set)
-        self.pending[key] = (handle, grad, wire, context)
+        return self._allreduce_async_(wire, name=f"allreduce.{self.names[key]}", op=op,
+                                      prescale_factor=prescale, postscale_factor=postscale,
+                                      process_set=self._process_set)
+
+    def flush(self) -> None:
+        """Hand the bucket's gradients to the engine together (HVDLITE_GPU_BUCKET_BYTES)."""
+        bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
+        if not bucket:
+            return
+        with together("DistributedOptimizer"):
+            for key in bucket:
+                _, grad, wire, context = self.pending[key]
+                self.pending[key] = (self._start(key, wire), grad, wire, context)
 
     def _alone(self) -> bool:
         size = self._process_set.size() if self._process_set else runtime.size()
@@ -167,6 +191,7 @@ class GradientReducer:
     def wait_all(self, store: Callable[[Any, Any], None]) -> None:
         """Wait for every pending reduction; ``store(grad, restored)`` writes a
         decompressed result back when the wire tensor was a compressed copy."""
+        self.flush()
         for handle, grad, wire, context in self.pending.values():
             if handle is None:
                 continue                # a set of one rank: the gradient is its own mean
@@ -176,6 +201,18 @@ class GradientReducer:
         self.reset()
 
     def reset(self) -> None:
+        self._bucket, self._bucket_bytes = [], 0
         self.pending.clear()
         self._passes.clear()
         self._ready_in_group.clear()
+
+
+_IN_BUCKET = -1      # a pending gradient's handle while it waits in the GPU bucket
+
+
+def _gpu_bucket_cap(wire: Any) -> int:
+    """HVDLITE_GPU_BUCKET_BYTES for a GPU gradient; 0 (submit now) on the CPU."""
+    adapter = adapter_for(wire)
+    if adapter is None or adapter.device(wire) == "cpu":
+        return 0
+    return runtime.config().gpu_bucket_bytes

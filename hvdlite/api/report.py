@@ -24,14 +24,14 @@ _log = logging.getLogger("hvdlite")
 
 
 def traffic() -> dict[str, Any]:
-    """Bytes this rank sent and received through each host backend since ``init``.
+    """Bytes this rank sent and received through each backend since ``init``.
 
     ``{"sent": int, "received": int, "estimated": bool, "backends": {name: {"exact":
     bool, "kinds": {collective: {"calls", "sent", "received"}}}}}``. ``exact`` is
     True for hvdlite's own algorithms (``ring``, ``ps``, ``adasum``: the bytes this
     rank put on and took off the wire) and False for ``mpi``, whose algorithm MPI
     picks: its counts are what a bandwidth-optimal algorithm would move (see
-    hvdlite.backends.mpi). GPU collectives on NCCL are not counted.
+    hvdlite.backends.mpi); so are GPU tensors' counts (``nccl``, ``staged``).
     """
     chain = runtime.engine("hvdlite.traffic()").executor.chain
     backends = chain.traffic()

@@ -13,10 +13,12 @@ contiguous staging output, copied back into the target on completion.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -194,9 +196,12 @@ class Input:
         if device == "cpu":
             self.ready = None
             self.array = view if view.flags.c_contiguous else np.ascontiguousarray(view)
+        elif view.flags.c_contiguous:
+            self.array = view
+            self.ready = _ready_event(adapter, tensor, device)
         else:
-            self.ready = adapter.ready_event(tensor)
-            self.array = view if view.flags.c_contiguous else _contiguous(view, device)
+            self.array = _contiguous(adapter, tensor, view, device)
+            self.ready = adapter.ready_event(tensor)      # after the copy: it covers it
 
     def fields(self, array: Any = None) -> dict[str, Any]:
         """The descriptor fields, plus what submit needs for a GPU tensor's streams."""
@@ -207,14 +212,47 @@ class Input:
                 "device": self.device, "ready": self.ready, "adapter": self.adapter}
 
 
-def _contiguous(view: Any, device: str) -> Any:
-    return array_namespace(device).ascontiguousarray(view)
+def _contiguous(adapter: TensorAdapter, tensor: Any, view: Any, device: str) -> Any:
+    """A contiguous copy of a strided GPU tensor, made on the framework's stream
+    where the adapter can (so the ready event recorded next covers it)."""
+    copy = adapter.contiguous(tensor)
+    if copy is None:
+        return array_namespace(device).ascontiguousarray(view)
+    return adapter.to_array(copy)
 
 
-def inplace_output(source: Input, what: str) -> tuple[Any, Any]:
+_TOGETHER = threading.local()      # .events: {device: ready event} inside together()
+
+
+@contextlib.contextmanager
+def together(what: str) -> Iterator[None]:
+    """Submissions that reach the engine in one round (``engine.batch``). Their GPU
+    tensors all exist before it begins (a grouped op's list, a bucket of gradients),
+    so one ready event per device, recorded at the first, covers every one."""
+    with runtime.engine(what).batch():
+        if getattr(_TOGETHER, "events", None) is not None:
+            yield
+            return
+        _TOGETHER.events = {}
+        try:
+            yield
+        finally:
+            _TOGETHER.events = None
+
+
+def _ready_event(adapter: TensorAdapter, tensor: Any, device: str) -> Any:
+    shared = getattr(_TOGETHER, "events", None)
+    if shared is None:
+        return adapter.ready_event(tensor)
+    if device not in shared:
+        shared[device] = adapter.ready_event(tensor)
+    return shared[device]
+
+
+def inplace_output(source: Input, what: str, writable: bool = True) -> tuple[Any, Any]:
     """(output the engine writes, target to copy it back into, or None)."""
     view = source.view
-    if not getattr(view.flags, "writeable", True):   # CuPy arrays have no such flag
+    if not (writable and getattr(view.flags, "writeable", True)):   # CuPy has no such flag
         raise HvdliteTypeError(f"{what} writes its result into the tensor, which is read-only")
     if view.flags.c_contiguous:        # the common case; shared memory is never contiguous
         return view, None

@@ -27,7 +27,11 @@ Buffer = Any   # a contiguous 1-D array of the device's namespace (numpy.ndarray
 
 
 class Work(Protocol):
-    """A collective in progress."""
+    """A collective in progress. Work that also has ``ordered = True`` is queued on
+    a device stream: what the engine queues after it on that stream (unpacking,
+    scaling, the next pack into the same buffer, the fence its caller's stream waits
+    on) runs after it, so the executor completes its handle at once and only keeps
+    the inputs alive until ``done()``."""
 
     def done(self) -> bool:
         """True once the results are in the output buffers (never blocks)."""

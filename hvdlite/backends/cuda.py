@@ -27,8 +27,11 @@ def current_stream() -> Any:
 
 
 class StreamWork:
-    """Work queued on a stream: done once an event recorded after it has fired."""
+    """Work queued on a stream: done once an event recorded after it has fired.
+    ``ordered``: whatever the engine queues next on that stream runs after it, so
+    the executor need not wait for it (see ``Work`` in hvdlite.backends.base)."""
     __slots__ = ("event",)
+    ordered = True
 
     def __init__(self, stream: Any) -> None:
         self.event = cupy.cuda.Event(disable_timing=True)

@@ -40,15 +40,24 @@ if NCCL_AVAILABLE:
             ReduceOp.PRODUCT: nccl.NCCL_PROD}
 else:
     _TYPES, _OPS = {}, {}
+# NCCL's own average: NCCL 2.10+, and a CuPy that names it.
+_AVG = getattr(nccl, "NCCL_AVG", None) if NCCL_AVAILABLE and nccl.get_version() >= 21000 else None
+
+
+# Operations per NCCL group call: older NCCL releases refuse groups of more than 2048.
+_GROUP_OPS = 1024
 
 
 class NcclBackend:
     name = "nccl"
+    averages = _AVG is not None      # allreduce_many averages by itself
 
     def __init__(self, config: Any) -> None:
         self._mpi: dict[int, Any] = {}
         self._nccl: dict[int, Optional[Any]] = {}   # None: the set shares a GPU -> staged
         self._staged = StagedBackend(config)
+        # One estimated byte count with the staged fallback's (NCCL picks its algorithm).
+        self.traffic = self._staged.traffic
         self.configure(config)
 
     def configure(self, config: Any) -> None:
@@ -93,7 +102,36 @@ class NcclBackend:
         stream = current_stream()
         communicator.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype],
                                _OPS[op], stream.ptr)
+        self._count_allreduce(set_id, buf.nbytes)
         return StreamWork(stream)
+
+    def allreduce_many(self, set_id: int, pairs: Sequence[tuple[Buffer, Buffer]],
+                       op: ReduceOp) -> Optional[StreamWork]:
+        """Reduce each (input, output) pair, in one NCCL group (one launch, no fusion
+        buffer); None where this set is staged (ranks share a GPU): the executor
+        then fuses as usual. Average is NCCL's own where it has one (``averages``):
+        for floats each rank's values are scaled by 1/size before the sum, as DDP
+        does, which equals the division after it up to rounding."""
+        communicator = self._communicator(set_id)
+        if communicator is None:
+            return None
+        stream = current_stream()
+        nccl_op = _AVG if op is ReduceOp.AVERAGE and self.averages else _OPS[op]
+        for first in range(0, len(pairs), _GROUP_OPS):
+            nccl.groupStart()
+            try:
+                for source, target in pairs[first:first + _GROUP_OPS]:
+                    communicator.allReduce(source.data.ptr, target.data.ptr, target.size,
+                                           _TYPES[target.dtype], nccl_op, stream.ptr)
+            finally:
+                nccl.groupEnd()
+        self._count_allreduce(set_id, sum(target.nbytes for _, target in pairs))
+        return StreamWork(stream)
+
+    def _count_allreduce(self, set_id: int, nbytes: int) -> None:
+        size = self._mpi[set_id].Get_size()
+        estimate = 2 * nbytes * (size - 1) // size      # what a ring moves each way
+        self.traffic.add("allreduce", estimate, estimate)
 
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:
         communicator = self._communicator(set_id)
@@ -102,6 +140,9 @@ class NcclBackend:
         stream = current_stream()
         communicator.broadcast(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype], root,
                                stream.ptr)
+        if self._mpi[set_id].Get_size() > 1:
+            is_root = self._mpi[set_id].Get_rank() == root
+            self.traffic.add("broadcast", buf.nbytes if is_root else 0, 0 if is_root else buf.nbytes)
         return StreamWork(stream)
 
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
@@ -119,6 +160,8 @@ class NcclBackend:
                 communicator.broadcast(source, recv.data.ptr + start, count, kind, root,
                                        stream.ptr)
         nccl.groupEnd()
+        others = sum(counts) - send.nbytes
+        self.traffic.add("allgather", others, others)
         return StreamWork(stream)
 
     def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
@@ -136,6 +179,9 @@ class NcclBackend:
             if r_n:
                 communicator.recv(recv.data.ptr + r_off, r_n, kind, peer, stream.ptr)
         nccl.groupEnd()
+        me = self._mpi[set_id].Get_rank()
+        self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
+                         sum(recv_counts) - recv_counts[me])
         return StreamWork(stream)
 
     def reducescatter(self, set_id: int, buf: Buffer, counts: Sequence[int],
@@ -153,4 +199,6 @@ class NcclBackend:
                 communicator.reduce(buf.data.ptr + start * itemsize, target, count, kind,
                                     _OPS[op], root, stream.ptr)
         nccl.groupEnd()
+        others = buf.nbytes - out.nbytes
+        self.traffic.add("reducescatter", others, others)
         return StreamWork(stream)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
-from hvdlite.backends.base import DONE, Buffer, Done, widened_dtype
+from hvdlite.backends.base import DONE, Buffer, Done, Traffic, widened_dtype
 from hvdlite.backends.cuda import current_stream
 from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.ring import RingBackend
@@ -43,6 +43,8 @@ class StagedBackend:
     def __init__(self, config: Any) -> None:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
+        # The host backends count into one estimated total (MPI's part is an estimate).
+        self.traffic = self._mpi.traffic = self._ring.traffic = Traffic(exact=False)
         self._pinned = _Pinned()
         self.configure(config)
 

@@ -237,9 +237,7 @@ def _run_tape(name: str, comm: Any, warmup: int, steps: int, batch: int) -> floa
 def worker(argv: Sequence[str]) -> None:
     """One method on one model, under mpiexec; rank 0 prints ``RESULT {json}``."""
     from mpi4py import MPI
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=METHODS, required=True)
-    parser.add_argument("--model", choices=MODELS, required=True)
+    parser = launches.worker_parser(METHODS, MODELS)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=None, help="rows per rank per step")
@@ -260,9 +258,7 @@ def worker(argv: Sequence[str]) -> None:
         sys.stderr.flush()
         os._exit(1)
     slowest = comm.allreduce(seconds, op=MPI.MAX)
-    if comm.Get_rank() == 0:
-        rate = batch * comm.Get_size() * args.steps / slowest
-        print("RESULT " + json.dumps({"samples_per_s": rate}), flush=True)
+    launches.report_rate(comm, batch * comm.Get_size() * args.steps / slowest)
     comm.Barrier()
     if args.method == "mwms":
         # The strategy's gRPC server has no shutdown and can keep the process

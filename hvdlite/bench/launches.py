@@ -13,6 +13,7 @@ whose rank 0 prints one line ``RESULT {json}`` with a numeric field to compare.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -89,3 +90,17 @@ def ratio(a: Samples, b: Samples) -> str:
     if len(paired) < 2:
         return f"{a.median / b.median:.2f}x"
     return f"{a.median / b.median:.2f}x ({min(paired):.2f}-{max(paired):.2f})"
+
+
+def worker_parser(methods: Sequence[str], models: Sequence[str]) -> argparse.ArgumentParser:
+    """The arguments every benchmark worker takes: which method on which model."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--method", choices=methods, required=True)
+    parser.add_argument("--model", choices=models, required=True)
+    return parser
+
+
+def report_rate(comm, samples_per_s: float) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0 prints the worker's result as the line ``launch`` reads."""
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps({"samples_per_s": samples_per_s}), flush=True)

@@ -12,7 +12,6 @@ batch (per-rank batch x ranks) over timed steps after warm-up.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from typing import Callable, Sequence
@@ -111,17 +110,14 @@ def worker(argv: Sequence[str]) -> None:
     """One method on one model, under mpiexec; rank 0 prints ``RESULT {json}``."""
     import torch
     from mpi4py import MPI
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--method", choices=METHODS, required=True)
-    parser.add_argument("--model", choices=MODELS, required=True)
+    parser = launches.worker_parser(METHODS, MODELS)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD.Dup()
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused}
     rate = runners[args.method](args.model, comm, args.seconds) * BATCH[args.model] * comm.Get_size()
-    if comm.Get_rank() == 0:
-        print("RESULT " + json.dumps({"samples_per_s": rate}), flush=True)
+    launches.report_rate(comm, rate)
 
 
 def main(argv: Sequence[str]) -> None:

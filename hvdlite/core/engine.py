@@ -58,6 +58,8 @@ class Engine:
         self._submit_lock = threading.Lock()   # user threads only
         self._queue: collections.deque[Request] = collections.deque()
         self._doorbell = waiting.Doorbell()
+        self._batches = waiting.Batches(self._queue, self._doorbell)
+        self.batch = self._batches.batch     # with engine.batch(): submissions go together
         self._idle_rounds = 0
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
@@ -104,8 +106,9 @@ class Engine:
             request.handle = self.handles.create(finish)
             if request.desc.error:
                 self._markers[(request.process_set_id, request.desc.name)] = request.handle
-            self._queue.append(request)
-        self._doorbell.ring()
+            queued = self._batches.put(request)
+        if queued:
+            self._doorbell.ring()
         return request.handle
 
     def _await_marker(self, set_id: int, name: str) -> None:

@@ -5,7 +5,9 @@ the same order (fused allreduce groups first, then the rest as agreed), so
 the backends' calls always match across ranks. The code is written against
 the array namespace of each request's device (NumPy on the CPU, CuPy on a
 GPU); a backend may finish its work later (``Work.done()``), and a request's
-handle completes only then (``progress``).
+handle completes only then (``progress``), unless the work is ordered on a
+device stream: then the handle completes once everything after it is queued
+behind it, and its caller's stream waits on the result's fence.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from hvdlite.backends.base import DONE, Work, even_counts
 from hvdlite.core import fusion
+from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
@@ -36,6 +39,9 @@ class Executor:
         self._plans: dict[Hashable, list[list[Response]]] = {}
         self._geometry: dict[int, tuple[int, int]] = {}   # set id -> (my rank, size) in the set
         self._in_flight: collections.deque[tuple[Work, Callable[[], None]]] = collections.deque()
+        # Stream-ordered work already completed to its callers, with the requests whose
+        # inputs it may still be reading (see _after).
+        self._retiring: collections.deque[tuple[Work, Any]] = collections.deque()
 
     def reconfigure(self, config: Any) -> None:
         """Apply a negotiated settings change (same point on every rank)."""
@@ -56,6 +62,7 @@ class Executor:
             plan_key: Optional[Hashable] = None) -> None:
         """Run agreed responses. ``plan_key`` (the agreed cache bits of a fast-path
         round) lets steady-state steps reuse their fusion plan."""
+        self._retire()
         for group in self._plan(responses, plan_key):
             self._allreduce_group(set_id, group, [pending.get(r.name) for r in group])
         for response in responses:
@@ -63,14 +70,28 @@ class Executor:
                 request = pending.get(response.name)
                 self._run_one(set_id, response, request)
 
-    def _after(self, work: Work, finish: Callable[[], None]) -> None:
+    def _after(self, work: Work, finish: Callable[[], None], inputs: Any) -> None:
         if work.done():
             finish()
+        elif getattr(work, "ordered", False):
+            # Queued on the device's engine stream: what finish queues (unpack, scale,
+            # the fence) runs after it on that stream and the caller's stream waits on
+            # the fence, so the handle completes now, with no host synchronisation and
+            # no polling. The inputs stay referenced until the stream is past the work,
+            # so the framework cannot hand their memory to a new tensor while it is read.
+            finish()
+            self._retiring.append((work, inputs))
         else:
             self._in_flight.append((work, finish))
 
+    def _retire(self) -> None:
+        retiring = self._retiring
+        while retiring and retiring[0][0].done():
+            retiring.popleft()
+
     def progress(self) -> int:
         """Finish the work that is done (in order); the number finished."""
+        self._retire()
         finished = 0
         while self._in_flight and self._in_flight[0][0].done():
             self._in_flight.popleft()[1]()
@@ -87,19 +108,27 @@ class Executor:
             work, finish = self._in_flight.popleft()
             work.wait()
             finish()
+        while self._retiring:
+            self._retiring.popleft()[0].wait()
 
     def _finish(self, request: Optional[Request], result: Any) -> None:
-        if request is None:
+        self._finish_all([request], [result])
+
+    def _finish_all(self, requests: Sequence[Optional[Request]], results: Sequence[Any]) -> None:
+        """Complete requests of one device; on a GPU one fence, recorded after every
+        result is written, is what each consumer's stream waits on."""
+        mine = [(r, result) for r, result in zip(requests, results) if r is not None]
+        if not mine:
             return
-        device = request.desc.device
-        if request.writeback is not None:    # an in-place op on a non-contiguous target
-            array_namespace(device).copyto(request.writeback, request.output)
-            result = request.writeback
-        if device != "cpu":
-            fence = described(device).fence(device)
-            if fence is not None:           # the consumer's stream waits on this
-                result = Fenced(result, fence)
-        self._complete(request, result)
+        device = mine[0][0].desc.device
+        for index, (request, _) in enumerate(mine):
+            if request.writeback is not None:    # an in-place op on a non-contiguous target
+                array_namespace(device).copyto(request.writeback, request.output)
+                mine[index] = (request, request.writeback)
+        fence = described(device).fence(device) if device != "cpu" else None
+        for request, result in mine:
+            # A fenced result: the consumer's stream waits on the fence before use.
+            self._complete(request, result if fence is None else Fenced(result, fence))
 
     def _plan(self, responses: Sequence[Response],
               plan_key: Optional[Hashable]) -> list[list[Response]]:
@@ -131,10 +160,10 @@ class Executor:
 
     def _fusion_view(self, device: str, dtype: np.dtype, count: int) -> Any:
         """The device's fusion buffer as ``count`` elements of ``dtype``, once the
-        work that last used it (possibly still running on a stream) is done."""
+        work that last used it is done (or, on a stream, queued ahead of what comes next)."""
         previous = self._fusion_work.pop(device, None)
-        if previous is not None:
-            previous.wait()
+        if previous is not None and not getattr(previous, "ordered", False):
+            previous.wait()          # stream-ordered work is behind us on the stream anyway
         return self._fusion.view(device, dtype, count)
 
     # -- allreduce -------------------------------------------------------------
@@ -150,8 +179,10 @@ class Executor:
         wide = self.chain.reduction_dtype(first.dtype, device)
         op = ReduceOp(first.desc.op)
         size = self._geometry[set_id][1]
-        postscale = _Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
+        postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         start = self._span(requests, "queue", 0.0)
+        if device != "cpu" and self._reduce_each(set_id, group, requests, xp, postscale):
+            return
         direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
@@ -179,9 +210,37 @@ class Executor:
             else:
                 _unpack(xp, requests, counts, buf, postscale)
             self._span(requests, "memcpy_out", begin)
+            self._finish_all(requests, [None if r is None else r.output for r in requests])
+        self._after(work, finish, requests)
+
+    def _reduce_each(self, set_id: int, group: Sequence[Response],
+                     requests: Sequence[Optional[Request]], xp: Any, postscale: Scale) -> bool:
+        """A backend that reduces many buffers in one call (NCCL's group calls: one
+        launch) reduces each tensor from its input straight into its output, without
+        copies through the fusion buffer (on a GPU each copy is a kernel launch, ~10 us
+        of Python); a backend that ``averages`` needs no division after. Decided from
+        agreed fields only, so every rank takes the same path: not when a rank has
+        joined (it would send zeros from no tensor), with a prescale, or in a widened
+        dtype."""
+        first = group[0]
+        if first.desc.prescale != 1.0 or any(r.joined for r in group) or \
+                self.chain.reduction_dtype(first.dtype, first.desc.device) != first.dtype:
+            return False
+        op = ReduceOp(first.desc.op)
+        backend = self.chain.pick("allreduce", first.dtype, first.desc.device, 0, op)
+        many = getattr(backend, "allreduce_many", None)
+        work = many(set_id, [(r.array, r.output) for r in requests], op) if many else None
+        if work is None:
+            return False
+        if op is ReduceOp.AVERAGE and getattr(backend, "averages", False):
+            postscale = Scale(postscale.factor, 1)      # the backend averaged
+
+        def finish() -> None:
             for request in requests:
-                self._finish(request, None if request is None else request.output)
-        self._after(work, finish)
+                postscale.apply(xp, request.output)
+            self._finish_all(requests, [r.output for r in requests])
+        self._after(work, finish, requests)
+        return True
 
     # -- everything else ---------------------------------------------------------
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
@@ -194,7 +253,7 @@ class Executor:
         def finish() -> None:
             self._span([request], kind.value, start)
             self._finish(request, result() if callable(result) else result)
-        self._after(work, finish)
+        self._after(work, finish, request)
 
     def _collective(self, set_id: int, response: Response,
                     request: Optional[Request]) -> tuple[Work, Any]:
@@ -225,7 +284,7 @@ class Executor:
         wide = self.chain.reduction_dtype(dtype, desc.device)
         buf = self._fusion_view(desc.device, wide, sum(counts))
         buf[...] = request.array.reshape(-1)
-        _scale(xp, buf, desc.prescale)
+        scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)
         op = ReduceOp(desc.op)
         backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes, op)
@@ -233,7 +292,7 @@ class Executor:
         self._fusion_work[desc.device] = work
 
         def result() -> Any:
-            _Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
+            Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
             return out.astype(dtype, copy=False).reshape((my_rows[rank],) + desc.shape[1:])
         return work, result
 
@@ -289,7 +348,7 @@ def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
     to read (a copy into a fresh output costs as much as a fast allreduce)."""
     source = request.array.reshape(-1)
     if _in_place(xp, source, buf):
-        _scale(xp, buf, prescale)
+        scale(xp, buf, prescale)
     elif prescale != 1.0:
         xp.multiply(source, prescale, out=buf, casting="unsafe")
     elif out_of_place:
@@ -310,38 +369,16 @@ def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
                 piece[...] = 0
             else:
                 piece[...] = request.array.reshape(-1)
-    _scale(xp, buf, prescale)
+    scale(xp, buf, prescale)
 
 
 def _unpack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
-            buf: Any, postscale: "_Scale") -> None:
+            buf: Any, postscale: Scale) -> None:
     postscale.apply(xp, buf)
     for request, start, count in zip(requests, fusion.offsets(counts), counts):
         if request is not None:
             xp.copyto(request.output, buf[start:start + count].reshape(request.output.shape),
                       casting="unsafe")
-
-
-def _scale(xp: Any, buf: Any, factor: float) -> None:
-    if factor != 1.0:
-        # Integer tensors are scaled in float64 and truncated toward zero, as Horovod does.
-        xp.multiply(buf, factor, out=buf, casting="unsafe")
-
-
-class _Scale:
-    """Post-reduction scaling. Average divides by the size rather than multiplying
-    by its reciprocal, which is not exact in float64 for a size that is not a
-    power of two: 5 * (1/3) is one ulp below 5/3, and 49 * (1/49) is 0.999...,
-    which truncates to 0 for integers."""
-    __slots__ = ("factor", "divisor")
-
-    def __init__(self, factor: float, divisor: int) -> None:
-        self.factor, self.divisor = factor, divisor
-
-    def apply(self, xp: Any, buf: Any) -> None:
-        if self.divisor != 1:
-            xp.true_divide(buf, self.divisor, out=buf, casting="unsafe")
-        _scale(xp, buf, self.factor)
 
 
 def _bytes(array: Any) -> Any:

@@ -9,10 +9,12 @@ engine takes. Its pauses end early when a user thread rings the doorbell.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mpi4py import MPI
 
@@ -64,6 +66,42 @@ class Doorbell:
             return ready() or self._event.wait(timeout)
         finally:
             self.listening = False
+
+
+class Batches:
+    """Per-thread batches of submissions. A thread inside ``batch()`` queues its
+    requests when it leaves, all at once, and rings once: the engine then sees a
+    bucket of gradients in one round and reduces it as one fused buffer, where
+    submissions one by one would each wake it and run in rounds of a few."""
+
+    def __init__(self, queue: collections.deque, doorbell: Doorbell) -> None:
+        self._queue = queue
+        self._doorbell = doorbell
+        self._local = threading.local()
+
+    def put(self, request: Any) -> bool:
+        """Queue ``request`` now, or hold it for this thread's batch; True if queued
+        (the caller rings the doorbell)."""
+        held = getattr(self._local, "held", None)
+        if held is None:
+            self._queue.append(request)
+            return True
+        held.append(request)
+        return False
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        if getattr(self._local, "held", None) is not None:
+            yield                               # nested: the outer batch queues
+            return
+        self._local.held = []
+        try:
+            yield
+        finally:
+            held, self._local.held = self._local.held, None
+            if held:
+                self._queue.extend(held)        # one C call: the engine sees all or none
+                self._doorbell.ring()
 
 
 class RoundWaiter:

@@ -19,6 +19,7 @@ _BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": tor
 class TorchAdapter(TensorAdapter):
     framework = "torch"
     accepted = "torch.Tensor"
+    _waited: tuple[Any, int] = (None, 0)     # the last fence a stream was made to wait on
 
     def is_tensor(self, obj: Any) -> bool:
         return isinstance(obj, torch.Tensor)
@@ -57,12 +58,21 @@ class TorchAdapter(TensorAdapter):
             cupy.cuda.runtime.eventRecord(event.ptr, _current_stream(tensor.device.index))
         return event
 
+    def contiguous(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().contiguous()
+
     def wait_fence(self, fence: Any) -> None:
         stream = _current_stream(torch.cuda.current_device())
+        if self._waited == (fence, stream):
+            return                # a group's results share one fence: one wait is enough
         _cupy().cuda.runtime.streamWaitEvent(stream, fence.ptr, 0)
+        self._waited = (fence, stream)
 
     def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
         return tensor.to(_BY_NAME.get(dtype) or getattr(torch, dtype))
+
+    def nbytes(self, tensor: torch.Tensor) -> int:
+        return tensor.numel() * tensor.element_size()
 
     def dtype_name(self, tensor: torch.Tensor) -> str:
         return str(tensor.dtype).removeprefix("torch.")

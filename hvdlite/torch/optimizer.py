@@ -23,6 +23,7 @@ import hvdlite as _hvd
 from hvdlite.api import report as _report
 from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.torch.ops import OPS, sparse_allreduce_async
@@ -116,8 +117,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"rank {_hvd.rank()}: the gradient of '{self._reducer.names[id(param)]}' "
                 "was computed again before step(); call step() (or synchronize()) after "
                 "each backward(), or raise backward_passes_per_step")
-        for key in self._reducer.ready(id(param)):
-            self._submit(self._by_key[key])
+        keys = self._reducer.ready(id(param))
+        if not keys:
+            return
+        if len(keys) == 1:
+            self._submit(self._by_key[keys[0]])
+            return
+        with together("DistributedOptimizer"):    # a whole group (groups=): one round
+            for key in keys:
+                self._submit(self._by_key[key])
 
     def _submit(self, param: torch.Tensor) -> None:
         if param.grad is None:   # no gradient here this step; peers may have one
@@ -147,10 +155,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self) -> None:
         if not self._synchronized:
-            for param in self._params:
-                if id(param) not in self._reducer.pending and \
-                        id(param) not in self._sparse_pending:
-                    self._submit(param)
+            missed = [p for p in self._params if id(p) not in self._reducer.pending
+                      and id(p) not in self._sparse_pending]
+            if missed:
+                with together("DistributedOptimizer"):
+                    for param in missed:
+                        self._submit(param)
         self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
         for param, handle in self._sparse_pending.values():
             param.grad = OPS["synchronize"](handle)

@@ -91,6 +91,27 @@ def test_data_movement_on_gpu(gpu_path: str) -> None:
     assert scattered.shape[0] == 2 + (1 if rank == 0 else 0)
 
 
+def test_a_group_of_more_tensors_than_one_nccl_group_call_takes(gpu_path: str) -> None:
+    rank, size = hvd.rank(), hvd.size()
+    tensors = [torch.full((3,), float(rank + i), device="cuda") for i in range(1500)]
+    averaged = hvd.grouped_allreduce(tensors, name=f"gpu.many.{gpu_path}")
+    expected = torch.tensor([(size - 1) / 2 + i for i in range(1500)], dtype=torch.float32)
+    assert torch.allclose(torch.stack(averaged)[:, 0].cpu(), expected)
+    assert all(t.is_cuda for t in averaged)
+
+
+def test_gpu_traffic_is_counted(gpu_path: str) -> None:
+    """NCCL and the staged path count their bytes (estimates) like the host backends."""
+    size = hvd.size()
+    before = runtime_hvd.traffic()
+    hvd.allreduce(torch.ones(1024, device="cuda"), op=hvd.Sum, name=f"gpu.traffic.{gpu_path}")
+    after = runtime_hvd.traffic()
+    expected = 2 * 4096 * (size - 1) // size            # a ring's bytes each way
+    assert (after["sent"] - before["sent"], after["received"] - before["received"]) == \
+        (expected, expected)
+    assert after["backends"].keys() & {"nccl", "staged"}
+
+
 def test_collective_waits_for_work_queued_on_the_callers_stream() -> None:
     """The input is still being computed on a side stream when it is submitted: the
     engine's stream must wait for it, and the result must be usable there at once."""

@@ -58,6 +58,18 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_scaling.py"), _MPI_REDUCE,
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
+    "hvdlite/core/scaling.py": (300, [
+        ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
+        ("mpi3", "tests/mpi/test_scaling.py")]),
+    # The device registry: its unit tests stand in a device, a stream backend and a plugin.
+    "hvdlite/core/devices.py": (60, [
+        ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py"),
+        ("mpi2", "tests/mpi/test_allreduce.py")]),
+    "hvdlite/core/chain.py": (60, [
+        ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py"),
+        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
+    # Plain threading code, fully exercised by its unit tests.
+    "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [

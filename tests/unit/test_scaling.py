@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdlite.core.executor import _Scale, _scale
+from hvdlite.core.scaling import Scale as _Scale, scale as _scale
 
 
 @pytest.mark.parametrize("size,total", [(3, 5), (3, 7), (5, 6), (7, 5)])
@@ -38,3 +38,14 @@ def test_scale_by_one_changes_nothing_and_others_multiply() -> None:
     assert buf.tolist() == [1.5, -2.0]
     _scale(np, buf, 4.0)
     assert buf.tolist() == [6.0, -8.0]
+
+
+def test_scaling_by_one_touches_nothing_so_large_integers_stay_exact() -> None:
+    """A factor or divisor of 1 must skip the arithmetic, not apply it: int64 values
+    above 2**53 do not survive the round trip through float64."""
+    big = 2**53 + 1
+    assert int(np.float64(big)) != big                 # the case this guards
+    buf = np.array([big, -big], dtype=np.int64)
+    _scale(np, buf, 1.0)
+    _Scale(1.0, 1).apply(np, buf)
+    assert buf.tolist() == [big, -big]
