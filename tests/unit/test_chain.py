@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from hvdlite.config import Config
-from hvdlite.core import devices
 from hvdlite.core.chain import BackendChain
 from hvdlite.reduce_op import ReduceOp
 from tests.unit import fake_device_plugin as plugin
+from tests.unit.fake_comm import RecordingComm
 
 F32 = np.dtype(np.float32)
 
@@ -61,19 +61,8 @@ def test_nothing_supports_an_unknown_device() -> None:
         _chain().pick("allreduce", F32, "tpu:0", 8)
 
 
-class _Comm:
-    def Get_rank(self) -> int:
-        return 0
-
-    def Get_size(self) -> int:
-        return 1
-
-
 @pytest.fixture
-def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(devices, "_TYPES", dict(devices._TYPES))
-    monkeypatch.setattr(devices, "_EXTRA_BACKENDS", [])
-    monkeypatch.setattr(devices, "_PLUGINS", {"fake": "tests.unit.fake_device_plugin"})
+def fake_device(monkeypatch: pytest.MonkeyPatch, device_registry: None) -> Iterator[list]:
     opened: list = []
 
     class Opening(plugin.FakeBackend):
@@ -100,8 +89,8 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_a_plugins_backend_joins_the_front_and_serves_every_open_set(fake_device: Any) -> None:
     chain = _chain()
-    chain.open_set(0, _Comm())
-    chain.open_set(5, _Comm())
+    chain.open_set(0, RecordingComm(1))
+    chain.open_set(5, RecordingComm(1))
     assert chain.pick("allreduce", F32, "fake:0", 8).name == "fake-device"
     assert fake_device == [0, 5]                     # it opened the sets already open
     assert chain.backends[0].name == "fake-device"

@@ -3,7 +3,7 @@ namespace, stream hooks and backends; unknown devices are refused by name."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,15 +12,10 @@ from hvdlite.core import devices
 from tests.unit import fake_device_plugin as plugin
 
 
-@pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(devices, "_TYPES", dict(devices._TYPES))
-    monkeypatch.setattr(devices, "_EXTRA_BACKENDS", [])
-    monkeypatch.setattr(devices, "_PLUGINS", {"fake": "tests.unit.fake_device_plugin"})
-    yield
+pytestmark = pytest.mark.usefixtures("device_registry")
 
 
-def test_a_plugin_loads_once_on_first_use_with_its_hooks_and_backends(registry: None) -> None:
+def test_a_plugin_loads_once_on_first_use_with_its_hooks_and_backends() -> None:
     assert "fake" not in devices._TYPES
     assert devices.load("fake") is True
     assert devices.backend_factories() == [plugin.FakeBackend]
@@ -33,19 +28,19 @@ def test_a_plugin_loads_once_on_first_use_with_its_hooks_and_backends(registry: 
     assert devices.backend_factories() == [plugin.FakeBackend]
 
 
-def test_unknown_devices_are_refused_by_name(registry: None) -> None:
+def test_unknown_devices_are_refused_by_name() -> None:
     assert devices.load("tpu") is False
     with pytest.raises(LookupError, match="'tpu:0'"):
         devices.described("tpu:0")
     assert devices.backend_factories() == []
 
 
-def test_described_loads_the_plugin_it_needs(registry: None) -> None:
+def test_described_loads_the_plugin_it_needs() -> None:
     assert devices.described("fake:1").namespace is np
     assert devices.backend_factories() == [plugin.FakeBackend]
 
 
-def test_cpu_needs_no_plugin_and_has_no_stream_hooks(registry: None) -> None:
+def test_cpu_needs_no_plugin_and_has_no_stream_hooks() -> None:
     cpu = devices.described("cpu")
     assert cpu.namespace is np and cpu.fence("cpu") is None
     assert cpu.prepare("cpu", []) is None and devices.device_type("cpu") == "cpu"

@@ -16,6 +16,7 @@ from hvdlite.config import Config
 from hvdlite.core import devices
 from hvdlite.core.executor import Executor
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, Response
+from tests.unit.fake_comm import RecordingComm
 
 
 class _StreamWork:
@@ -78,16 +79,8 @@ class _StreamBackend:
         return self.works[-1]
 
 
-class _Comm:
-    def Get_rank(self) -> int:
-        return 0
-
-    def Get_size(self) -> int:
-        return 2
-
-
 @pytest.fixture
-def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Executor, list, list]]:
+def executor(device_registry: None) -> Iterator[tuple[Executor, list, list]]:
     prepared: list[list[Any]] = []
     fences: list[str] = []
 
@@ -95,8 +88,6 @@ def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Executor, list, 
         fences.append(f"fence{len(fences)}")
         return fences[-1]
 
-    monkeypatch.setattr(devices, "_TYPES", dict(devices._TYPES))
-    monkeypatch.setattr(devices, "_EXTRA_BACKENDS", [])
     devices.register_device("fake", devices.DeviceType(
         np, lambda device, ready: prepared.append(list(ready)), fence))
     devices.register_backend(_StreamBackend)
@@ -104,7 +95,7 @@ def executor(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Executor, list, 
     completed: list[tuple[Request, Any]] = []
     run = Executor(Config.load({}), lambda request, result: completed.append((request, result)),
                    lambda: None)
-    run.open_set(0, _Comm())
+    run.open_set(0, RecordingComm(2))
     run.chain._refresh()
     yield run, completed, prepared
 
