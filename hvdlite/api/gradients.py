@@ -52,6 +52,14 @@ def check_settings(passes_per_step: int, op: int, predivide: float) -> None:
         raise UsageError("gradient_predivide_factor needs op=Average")
 
 
+def reduces_nothing(process_set: Optional[ProcessSet], predivide: float) -> bool:
+    """A process set of one rank: the average (or sum) of a gradient is the gradient
+    itself, so the optimizers reduce nothing, and a one-process run of a distributed
+    script has no collective in its train step."""
+    size = process_set.size() if process_set else runtime.size()
+    return size == 1 and predivide == 1.0
+
+
 def scaled_op(op: int, predivide: float,
               process_set: Optional[ProcessSet]) -> tuple[int, float, float]:
     """(op, prescale, postscale): with a predivide factor, Average becomes Sum with
@@ -97,11 +105,7 @@ class AveragerSettings:
     checked: set = dataclasses.field(default_factory=set)   # variable lists already compared
 
     def alone(self) -> bool:
-        """A process set of one rank: the average (or sum) of a gradient is the gradient
-        itself, so nothing is reduced (as the torch optimizer does), and a one-process
-        run of a distributed script has no collective in its train step."""
-        size = self.process_set.size() if self.process_set else runtime.size()
-        return size == 1 and self.predivide == 1.0
+        return reduces_nothing(self.process_set, self.predivide)
 
     def __post_init__(self) -> None:
         check_settings(1, self.op, self.predivide)
@@ -158,13 +162,14 @@ class GradientReducer:
             self.pending[key] = (None, grad, grad, None)
             return
         wire, context = self._compression.compress(grad)
-        cap = _gpu_bucket_cap(wire)
+        adapter = adapter_for(wire)
+        cap = _gpu_bucket_cap(adapter, wire)
         if not cap:
             self.pending[key] = (self._start(key, wire), grad, wire, context)
             return
         self.pending[key] = (_IN_BUCKET, grad, wire, context)
         self._bucket.append(key)
-        self._bucket_bytes += adapter_for(wire).nbytes(wire)
+        self._bucket_bytes += adapter.nbytes(wire)
         if self._bucket_bytes >= cap:
             self.flush()
 
@@ -185,8 +190,7 @@ class GradientReducer:
                 self.pending[key] = (self._start(key, wire), grad, wire, context)
 
     def _alone(self) -> bool:
-        size = self._process_set.size() if self._process_set else runtime.size()
-        return size == 1 and self._predivide == 1.0
+        return reduces_nothing(self._process_set, self._predivide)
 
     def wait_all(self, store: Callable[[Any, Any], None]) -> None:
         """Wait for every pending reduction; ``store(grad, restored)`` writes a
@@ -210,9 +214,8 @@ class GradientReducer:
 _IN_BUCKET = -1      # a pending gradient's handle while it waits in the GPU bucket
 
 
-def _gpu_bucket_cap(wire: Any) -> int:
+def _gpu_bucket_cap(adapter: Any, wire: Any) -> int:
     """HVDLITE_GPU_BUCKET_BYTES for a GPU gradient; 0 (submit now) on the CPU."""
-    adapter = adapter_for(wire)
     if adapter is None or adapter.device(wire) == "cpu":
         return 0
     return runtime.config().gpu_bucket_bytes

@@ -48,18 +48,21 @@ class BackendChain:
     def every_backend(self) -> list[Any]:
         return self._extra + [self._adasum, self._ps, self._ring, self._mpi]
 
+    def _counting(self) -> list[Any]:
+        return [b for b in self.every_backend() if hasattr(b, "traffic")]
+
     def traffic(self) -> dict[str, Any]:
         """Bytes each backend moved for this rank (see backends.base.Traffic; the GPU
         backends, nccl and staged, count estimates);
         safe to call from any thread."""
         return {b.name: {"exact": b.traffic.exact, "kinds": b.traffic.snapshot()}
-                for b in self.every_backend() if hasattr(b, "traffic")}
+                for b in self._counting()}
 
     def traffic_totals(self) -> tuple[int, int, int]:
         """(bytes sent, bytes received, of which estimated) over every backend:
         cheap enough to read at every optimizer step."""
         sent = received = estimated = 0
-        for backend in [b for b in self.every_backend() if hasattr(b, "traffic")]:
+        for backend in self._counting():
             backend_sent, backend_received = backend.traffic.totals
             sent, received = sent + backend_sent, received + backend_received
             if not backend.traffic.exact:

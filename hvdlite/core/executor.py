@@ -181,7 +181,8 @@ class Executor:
         size = self._geometry[set_id][1]
         postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         start = self._span(requests, "queue", 0.0)
-        if device != "cpu" and self._reduce_each(set_id, group, requests, xp, postscale):
+        if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
+                                                 postscale):
             return
         direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
@@ -214,7 +215,8 @@ class Executor:
         self._after(work, finish, requests)
 
     def _reduce_each(self, set_id: int, group: Sequence[Response],
-                     requests: Sequence[Optional[Request]], xp: Any, postscale: Scale) -> bool:
+                     requests: Sequence[Optional[Request]], xp: Any, wide: np.dtype,
+                     op: ReduceOp, postscale: Scale) -> bool:
         """A backend that reduces many buffers in one call (NCCL's group calls: one
         launch) reduces each tensor from its input straight into its output, without
         copies through the fusion buffer (on a GPU each copy is a kernel launch, ~10 us
@@ -223,10 +225,8 @@ class Executor:
         joined (it would send zeros from no tensor), with a prescale, or in a widened
         dtype."""
         first = group[0]
-        if first.desc.prescale != 1.0 or any(r.joined for r in group) or \
-                self.chain.reduction_dtype(first.dtype, first.desc.device) != first.dtype:
+        if first.desc.prescale != 1.0 or wide != first.dtype or any(r.joined for r in group):
             return False
-        op = ReduceOp(first.desc.op)
         backend = self.chain.pick("allreduce", first.dtype, first.desc.device, 0, op)
         many = getattr(backend, "allreduce_many", None)
         work = many(set_id, [(r.array, r.output) for r in requests], op) if many else None

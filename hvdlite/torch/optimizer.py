@@ -118,14 +118,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "was computed again before step(); call step() (or synchronize()) after "
                 "each backward(), or raise backward_passes_per_step")
         keys = self._reducer.ready(id(param))
-        if not keys:
+        if keys:
+            self._submit_all([self._by_key[key] for key in keys])
+
+    def _submit_all(self, params: list[torch.Tensor]) -> None:
+        """Several gradients (a whole ``groups=`` group, or what synchronize() adds) go
+        to the engine as one batch: one round. One alone needs no batch."""
+        if len(params) == 1:
+            self._submit(params[0])
             return
-        if len(keys) == 1:
-            self._submit(self._by_key[keys[0]])
-            return
-        with together("DistributedOptimizer"):    # a whole group (groups=): one round
-            for key in keys:
-                self._submit(self._by_key[key])
+        with together("DistributedOptimizer"):
+            for param in params:
+                self._submit(param)
 
     def _submit(self, param: torch.Tensor) -> None:
         if param.grad is None:   # no gradient here this step; peers may have one
@@ -158,9 +162,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             missed = [p for p in self._params if id(p) not in self._reducer.pending
                       and id(p) not in self._sparse_pending]
             if missed:
-                with together("DistributedOptimizer"):
-                    for param in missed:
-                        self._submit(param)
+                self._submit_all(missed)
         self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
         for param, handle in self._sparse_pending.values():
             param.grad = OPS["synchronize"](handle)
