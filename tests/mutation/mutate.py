@@ -70,6 +70,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
+    # rank 0's stall checks over the real coordinator, with a fake clock.
+    "hvdlite/core/stall.py": (60, [("unit", "tests/unit/test_stall.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
