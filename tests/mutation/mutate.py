@@ -72,6 +72,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     # rank 0's stall checks over the real coordinator, with a fake clock.
     "hvdlite/core/stall.py": (60, [("unit", "tests/unit/test_stall.py")]),
+    # The trace writer's thread, its file and a process that never closes it.
+    "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
+    "hvdlite/core/mpi_library.py": (60, [
+        ("unit", "tests/unit/test_mpi_library.py tests/unit/test_runner.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
