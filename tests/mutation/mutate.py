@@ -76,6 +76,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
     "hvdlite/core/mpi_library.py": (60, [
         ("unit", "tests/unit/test_mpi_library.py tests/unit/test_runner.py")]),
+    # Descriptors, requests and responses, then the modules that read them, all in-process.
+    "hvdlite/core/requests.py": (60, [
+        ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
+                 "tests/unit/test_cache.py tests/unit/test_fusion.py tests/unit/test_planning.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
