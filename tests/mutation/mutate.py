@@ -80,6 +80,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/requests.py": (60, [
         ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
                  "tests/unit/test_cache.py tests/unit/test_fusion.py tests/unit/test_planning.py")]),
+    # Process sets over a fake world communicator, then real splits under MPI.
+    "hvdlite/core/registry.py": (60, [
+        ("unit", "tests/unit/test_registry.py"),
+        ("mpi2", "tests/mpi/test_process_set_registry.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
