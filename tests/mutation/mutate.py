@@ -84,6 +84,12 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/registry.py": (60, [
         ("unit", "tests/unit/test_registry.py"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
+    # Layouts of uneven nodes over threads (a communicator that splits as MPI would), then
+    # the real splits.
+    "hvdlite/core/topology.py": (60, [
+        ("unit", "tests/unit/test_topology.py tests/unit/test_planning.py "
+                 "tests/unit/test_runner.py"),
+        ("mpi2", "tests/mpi/test_topology.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
