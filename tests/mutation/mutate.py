@@ -90,6 +90,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_topology.py tests/unit/test_planning.py "
                  "tests/unit/test_runner.py"),
         ("mpi2", "tests/mpi/test_topology.py")]),
+    "hvdlite/core/recorder.py": (60, [
+        ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
