@@ -3,6 +3,7 @@ when it samples the GPU, and the peer-wait clock from an arbitrary origin.
 (tests/unit/test_report.py covers the window's set-up exclusion and the report.)"""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -19,7 +20,7 @@ def ticks(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     def perf_counter() -> float:
         return times.pop(0)
 
-    monkeypatch.setattr(recorder_module.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(recorder_module, "time", SimpleNamespace(perf_counter=perf_counter))
     return times
 
 

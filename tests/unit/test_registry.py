@@ -3,6 +3,7 @@ member, what opens and closes, what fails when a set goes away, and the bits and
 flag a rank contributes to a negotiation round."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -177,7 +178,7 @@ def expected(state: SetState, names: list[str], no_full_round: bool) -> list[int
 @pytest.fixture
 def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [12.0]                  # small times: a pending time is a difference, not a ratio
-    monkeypatch.setattr(registry_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(registry_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     return clock
 
 

@@ -44,7 +44,7 @@ class CountingCoordinator:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock(100.0)
-    monkeypatch.setattr(stall.time, "monotonic", fake)
+    monkeypatch.setattr(stall, "time", SimpleNamespace(monotonic=fake))
     return fake
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,7 +30,7 @@ def events_when(path: Path, count: int) -> list[dict]:
 @pytest.fixture
 def origin(monkeypatch: pytest.MonkeyPatch) -> float:
     """Timelines made in the test start at monotonic time 1000."""
-    monkeypatch.setattr(timeline_module.time, "monotonic", lambda: 1000.0)
+    monkeypatch.setattr(timeline_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     return 1000.0
 
 
