@@ -92,6 +92,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_topology.py")]),
     "hvdlite/core/recorder.py": (60, [
         ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
+    # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell.
+    "hvdlite/core/waiting.py": (60, [
+        ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
+                 "tests/unit/test_handles.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
