@@ -79,7 +79,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # Descriptors, requests and responses, then the modules that read them, all in-process.
     "hvdlite/core/requests.py": (60, [
         ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
-                 "tests/unit/test_cache.py tests/unit/test_fusion.py tests/unit/test_planning.py")]),
+                 "tests/unit/test_cache.py tests/unit/test_fusion.py "
+                 "tests/unit/test_planning.py")]),
     # Process sets over a fake world communicator, then real splits under MPI.
     "hvdlite/core/registry.py": (60, [
         ("unit", "tests/unit/test_registry.py"),
@@ -96,6 +97,21 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/waiting.py": (60, [
         ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
                  "tests/unit/test_handles.py")]),
+    # The guard runs as a real child process (a socketpair stands in for hydra's PMI fd).
+    "hvdlite/core/exit_guard.py": (60, [
+        ("unit", "tests/unit/test_exit_guard.py"),
+        ("unit", "tests/unit/test_liveness.py -k guard")]),
+    # Aborts, exits and hooks in-process, with MPI_Abort and os._exit faked; then the
+    # recorded sys.exit status at a real interpreter exit.
+    "hvdlite/core/failure.py": (60, [
+        ("unit", "tests/unit/test_failure.py"),
+        ("unit", "tests/unit/test_liveness.py -k sys_exit")]),
+    # The Monitor and the check in-process (the channel, gather and bcast on a one-rank
+    # world), then full negotiation rounds, which gather and broadcast, at -n 2.
+    "hvdlite/core/liveness.py": (60, [
+        ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
+                 "-k not(guard)and(not(sys_exit))"),
+        ("mpi2", "tests/mpi/test_process_set_registry.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [

@@ -1,0 +1,207 @@
+"""Starting the exit guard, and its wait for the rank where pidfd_open is missing
+(the guard's own lifetime is in test_liveness.py). A socketpair stands in for
+hydra's PMI socket."""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+
+from hvdlite.core import exit_guard
+
+
+@pytest.fixture
+def pmi() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """(launcher's end, rank's end) of a PMI socket; no guard started before."""
+    launcher, rank = socket.socketpair()
+    saved = exit_guard._spawned
+    exit_guard._spawned = None
+    try:
+        yield launcher, rank
+    finally:
+        guard = exit_guard._spawned
+        exit_guard._spawned = saved
+        launcher.close()
+        rank.close()
+        if guard is not None:
+            guard.kill()
+            guard.wait()
+
+
+def hydra(fd: int) -> dict[str, str]:
+    return {"PMI_FD": str(fd), "MPI_LOCALNRANKS": "2"}
+
+
+@pytest.mark.timeout(60)
+def test_spawn_starts_one_guard_holding_the_pmi_socket_and_no_stdio(
+        pmi: tuple[socket.socket, socket.socket]) -> None:
+    launcher, rank = pmi
+    read, write = os.pipe()
+    os.set_inheritable(write, True)                    # like a launcher's pipe: not passed on
+    try:
+        guard = exit_guard.spawn(hydra(rank.fileno()), peer_timeout=20.0)
+        pipe = f"pipe:[{os.fstat(write).st_ino}]"
+    finally:
+        os.close(read)
+        os.close(write)
+    assert guard is not None
+    assert guard.args == [sys.executable, "-I", "-S", os.path.abspath(exit_guard.__file__),
+                          str(os.getpid()), str(rank.fileno()), "30.0"]   # 20 s + MARGIN_S
+    assert exit_guard.spawn(hydra(rank.fileno()), peer_timeout=5.0) is guard   # once
+    if os.path.isdir(f"/proc/{guard.pid}/fd"):
+        for std in (0, 1, 2):
+            assert os.readlink(f"/proc/{guard.pid}/fd/{std}") == os.devnull
+        held = [os.readlink(f"/proc/{guard.pid}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{guard.pid}/fd")]
+        assert pipe not in held
+    assert os.getpgid(guard.pid) == os.getpgrp()       # killed with the rank's group
+    assert guard.poll() is None                         # holds it while the rank lives
+    launcher.close()                                    # the launcher is done with it
+    assert guard.wait(timeout=20) == 0
+
+
+def test_nothing_to_guard_outside_hydra(pmi: tuple[socket.socket, socket.socket]) -> None:
+    _, rank = pmi
+    assert exit_guard.spawn({"PMI_FD": str(rank.fileno())}, 20.0) is None
+    assert exit_guard.spawn({}, 20.0) is None
+    assert exit_guard._spawned is None
+
+
+def test_a_guard_that_cannot_start_is_a_warning(
+        pmi: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    _, rank = pmi
+
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(exit_guard, "subprocess", SimpleNamespace(
+        Popen=cannot, DEVNULL=subprocess.DEVNULL))
+    logger = logging.getLogger("hvdlite")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hvdlite"):
+            assert exit_guard.spawn(hydra(rank.fileno()), 20.0) is None
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "could not start the exit guard" in caplog.text and "no more processes" in caplog.text
+
+
+class OldKernelOs:
+    """os for the guard where pidfd_open is missing; getppid answers the test's
+    parent (fresh ints, as the kernel's would be) until the last answer."""
+
+    def __init__(self, parents: list[int]) -> None:
+        self.parents = parents
+        self.asked = 0
+        self.close = os.close
+
+    def pidfd_open(self, pid: int) -> int:
+        raise AttributeError("pidfd_open")
+
+    def getppid(self) -> int:
+        self.asked += 1
+        answer = self.parents.pop(0) if len(self.parents) > 1 else self.parents[0]
+        return int(str(answer))
+
+
+def watching(rank: socket.socket) -> "select.poll":
+    watch = select.poll()
+    watch.register(rank.fileno(), select.POLLRDHUP)
+    return watch
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("new_parent", [1, 99999])    # init, or a subreaper of any pid
+def test_without_pidfd_the_guard_notices_it_was_reparented_at_its_next_check(
+        monkeypatch: pytest.MonkeyPatch, pmi: tuple[socket.socket, socket.socket],
+        new_parent: int) -> None:
+    _, rank = pmi
+    fake = OldKernelOs([4242, new_parent])
+    monkeypatch.setattr(exit_guard, "os", fake)
+    started = time.monotonic()
+    assert exit_guard._wait_for_parent(int("4242"), watching(rank), rank.fileno()) is True
+    assert fake.asked == 2                             # not before the parent changed
+    assert 0.9 < time.monotonic() - started < 1.8      # checked every 0.5 s
+
+
+@pytest.mark.timeout(10)
+def test_without_pidfd_the_guard_still_leaves_when_the_launcher_closes(
+        monkeypatch: pytest.MonkeyPatch, pmi: tuple[socket.socket, socket.socket]) -> None:
+    launcher, rank = pmi
+    monkeypatch.setattr(exit_guard, "os", OldKernelOs([4242]))
+    threading.Timer(0.2, launcher.close).start()
+    assert exit_guard._wait_for_parent(4242, watching(rank), rank.fileno()) is False
+
+
+@pytest.mark.timeout(10)
+def test_the_guard_sees_its_rank_end_through_a_pidfd(
+        pmi: tuple[socket.socket, socket.socket]) -> None:
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfd_open")
+    _, rank = pmi
+    parent = subprocess.Popen(["sleep", "30"])
+    low = os.dup(rank.fileno())        # the lowest free fd: the pidfd gets a higher one
+    watch = select.poll()
+    watch.register(low, select.POLLRDHUP)
+    threading.Timer(0.2, parent.kill).start()
+    try:
+        assert exit_guard._wait_for_parent(parent.pid, watch, low) is True
+    finally:
+        os.close(low)
+        parent.kill()
+        parent.wait()
+    # A rank already gone (its pid reaped): pidfd_open fails, the guard checks its parent.
+    assert exit_guard._wait_for_parent(parent.pid, watching(rank), rank.fileno()) is True
+
+
+def _guard(parent: int, fd: int, grace: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-I", "-S", exit_guard.__file__, str(parent),
+                             str(fd), str(grace)], pass_fds=(fd,))
+
+
+@pytest.mark.timeout(30)
+def test_a_short_grace_ends_on_time() -> None:
+    launcher, rank = socket.socketpair()
+    parent = subprocess.Popen(["sleep", "30"])
+    guard = _guard(parent.pid, rank.fileno(), 0.2)
+    rank.close()
+    try:
+        time.sleep(0.3)
+        parent.kill()
+        parent.wait()
+        started = time.monotonic()
+        launcher.settimeout(10)
+        assert launcher.recv(1) == b""
+        assert 0.15 < time.monotonic() - started < 0.9   # held for the grace, no longer
+        assert guard.wait(timeout=5) == 0
+    finally:
+        launcher.close()
+        guard.kill()
+
+
+@pytest.mark.timeout(30)
+def test_the_launcher_closing_during_the_grace_ends_the_guard() -> None:
+    launcher, rank = socket.socketpair()
+    parent = subprocess.Popen(["sleep", "30"])
+    guard = _guard(parent.pid, rank.fileno(), 30.0)
+    rank.close()
+    try:
+        time.sleep(0.3)
+        parent.kill()
+        parent.wait()
+        time.sleep(0.3)                                # in the grace period now
+        assert guard.poll() is None
+        launcher.close()
+        assert guard.wait(timeout=5) == 0
+    finally:
+        guard.kill()
