@@ -134,3 +134,18 @@ def test_a_joined_rank_contributes_zeros_to_a_bundle() -> None:
         active = size - 1 if size > 1 else 1
         np.testing.assert_array_equal(results[0], np.full(3, float(active)))
         np.testing.assert_array_equal(results[1], np.full((2, 2), 2.0 * active))
+
+
+def test_a_bundle_on_a_process_set_averages_over_its_members() -> None:
+    rank, size = hvd.rank(), hvd.size()
+    evens = hvd.add_process_set(range(0, size, 2))
+    try:
+        if evens.included():
+            results = hvd.grouped_allreduce([np.full(3, float(rank)), np.full((2,), 1.0)],
+                                            op=hvd.Average, process_set=evens,
+                                            name="bundle.set")
+            members = list(range(0, size, 2))
+            np.testing.assert_array_equal(results[0], np.full(3, sum(members) / len(members)))
+            np.testing.assert_array_equal(results[1], np.ones(2))
+    finally:
+        hvd.remove_process_set(evens)
