@@ -82,7 +82,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
     "hvdlite/torch/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
-                 "tests/mpi/test_torch_parity.py")]),
+                 "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
+        ("mpi2", "tests/mpi/test_adasum.py -k optimizer")]),   # op=Adasum's own class
     # The backends: their unit tests first, then the real MPI runs of the collectives
     # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
     # limits are for the mutants that deadlock a rank (a wrong tag, peer or segment).

@@ -1,0 +1,116 @@
+"""DistributedOptimizer behaviours that mutation testing found unpinned: parameter
+groups added later, a backward() between synchronize() and step(), which path a
+sparse gradient takes, and zero_grad() while only sparse gradients are pending.
+Every test compares against what one process computes from every rank's batch."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvdlite.torch as hvd  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
+
+
+def _batch(rank: int, salt: int) -> "torch.Tensor":
+    return torch.linspace(-1.0, 1.0, 8, dtype=torch.float64).reshape(2, 4) * (rank + 1 + salt)
+
+
+def _averaged_grads(model: "torch.nn.Module", salt: int) -> list:
+    """Each parameter's gradient averaged over every rank's batch, computed here."""
+    model.zero_grad()
+    loss = sum(model(_batch(r, salt)).pow(2).sum() for r in range(hvd.size())) / hvd.size()
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _linear(seed: int) -> "torch.nn.Module":
+    torch.manual_seed(seed)
+    return torch.nn.Linear(4, 3).double()
+
+
+def test_a_parameter_group_added_later_is_averaged_too() -> None:
+    first, second = _linear(1), _linear(2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(first.parameters(), lr=0.1))
+    optimizer.add_param_group({"params": list(second.parameters())})
+    reference = [_linear(1), _linear(2)]
+    optimizer.zero_grad()
+    (first(_batch(hvd.rank(), 0)).pow(2).sum() +
+     second(_batch(hvd.rank(), 1)).pow(2).sum()).backward()
+    optimizer.step()
+    expected = []
+    for model, salt in zip(reference, (0, 1)):
+        grads = _averaged_grads(model, salt)
+        expected += [p.detach() - 0.1 * g for p, g in zip(model.parameters(), grads)]
+    got = [p.detach() for m in (first, second) for p in m.parameters()]
+    assert_identical_everywhere([p.numpy() for p in got])
+    for mine, want in zip(got, expected):
+        assert torch.allclose(mine, want, atol=1e-12), (mine, want)
+
+
+def test_a_backward_between_synchronize_and_step_is_reduced_by_step() -> None:
+    """synchronize(), then zero_grad() and a new backward(): step() must wait for
+    the new gradients' reduction, not apply them as they are on this rank."""
+    model, reference = _linear(3), _linear(3)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(_batch(hvd.rank(), 5)).pow(2).sum().backward()
+    optimizer.synchronize()
+    optimizer.zero_grad()
+    model(_batch(hvd.rank(), 7)).pow(2).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # step() right after synchronize() warns
+        optimizer.step()
+    optimizer.zero_grad()                     # nothing is left in flight
+    grads = _averaged_grads(reference, 7)
+    expected = [p.detach() - 0.1 * g for p, g in zip(reference.parameters(), grads)]
+    got = [p.detach() for p in model.parameters()]
+    assert_identical_everywhere([p.numpy() for p in got])
+    for mine, want in zip(got, expected):
+        assert torch.allclose(mine, want, atol=1e-12)
+
+
+def _embedding() -> "torch.nn.Module":
+    torch.manual_seed(4)
+    return torch.nn.Embedding(8, 3, sparse=True).double()
+
+
+def _moved(kind: str) -> int:
+    """Bytes this rank has sent through collectives of ``kind``, over every backend."""
+    backends = hvd.traffic()["backends"].values()
+    return sum(b["kinds"].get(kind, {}).get("sent", 0) for b in backends)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients_travel_by_allgather_unless_made_dense(sparse_as_dense: bool) -> None:
+    if hvd.size() == 1:
+        pytest.skip("one rank sends nothing")
+    model = _embedding()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         sparse_as_dense=sparse_as_dense)
+    model(torch.tensor([hvd.rank() % 8, 1])).sum().backward()
+    before = {kind: _moved(kind) for kind in ("allgather", "allreduce")}
+    optimizer.step()
+    moved = {kind: _moved(kind) - before[kind] for kind in before}
+    assert model.weight.grad.is_sparse
+    if sparse_as_dense:
+        assert moved["allreduce"] > 0 and moved["allgather"] == 0, moved
+    else:
+        assert moved["allgather"] > 0 and moved["allreduce"] == 0, moved
+
+
+def test_zero_grad_refuses_while_only_sparse_gradients_are_pending() -> None:
+    model, dense = _embedding(), _linear(5)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(
+        list(model.parameters()) + list(dense.parameters()), lr=0.1))
+    model(torch.tensor([0, 1])).sum().backward()
+    with pytest.raises(hvd.HvdliteError, match="while 1 gradients are still being averaged"):
+        optimizer.zero_grad()
+    dense(_batch(hvd.rank(), 0)).sum().backward()
+    with pytest.raises(hvd.HvdliteError, match="while 3 gradients are still being averaged"):
+        optimizer.zero_grad()                 # the embedding's, and the weight's and bias's
+    optimizer.step()                          # still completes on every rank
+    optimizer.zero_grad()
+    assert np.isfinite(model.weight.detach().numpy()).all()
