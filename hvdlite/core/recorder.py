@@ -104,7 +104,7 @@ class StepRecorder:
             self.first = mark
         self.last = mark
         self.steps += 1
-        if self._sample is not None and self.steps % self._sample_every == 1:
+        if self._sample is not None and (self.steps - 1) % self._sample_every == 0:
             self._sample()
 
     def window(self) -> dict[str, Any]:

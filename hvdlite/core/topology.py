@@ -99,10 +99,12 @@ def device_for_local_rank(local_rank: int, local_size: int,
     how CUDA numbers them. Without CUDA_VISIBLE_DEVICES, ``present`` (the GPUs the
     driver reports) is the list.
     """
-    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
+    listed = [d for d in visible.split(",") if d.strip()] if visible is not None else []
+    # A list of no devices ("", or only commas) hides them all, as "-1" does.
+    if visible is not None and (not listed or visible.strip() in ("-1", "NoDevFiles")):
         raise ValueError("CUDA_VISIBLE_DEVICES hides every GPU from this rank")
     if visible:
-        count = len([d for d in visible.split(",") if d.strip()])
+        count = len(listed)
     else:       # no mask: the GPUs the driver reports, else assume one per local rank
         count = present or local_size
     return 0 if count == 1 else local_rank % count

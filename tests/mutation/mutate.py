@@ -70,6 +70,32 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
+    # rank 0's stall checks over the real coordinator, with a fake clock.
+    "hvdlite/core/stall.py": (60, [("unit", "tests/unit/test_stall.py")]),
+    # The trace writer's thread, its file and a process that never closes it.
+    "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
+    "hvdlite/core/mpi_library.py": (60, [
+        ("unit", "tests/unit/test_mpi_library.py tests/unit/test_runner.py")]),
+    # Descriptors, requests and responses, then the modules that read them, all in-process.
+    "hvdlite/core/requests.py": (60, [
+        ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
+                 "tests/unit/test_cache.py tests/unit/test_fusion.py tests/unit/test_planning.py")]),
+    # Process sets over a fake world communicator, then real splits under MPI.
+    "hvdlite/core/registry.py": (60, [
+        ("unit", "tests/unit/test_registry.py"),
+        ("mpi2", "tests/mpi/test_process_set_registry.py")]),
+    # Layouts of uneven nodes over threads (a communicator that splits as MPI would), then
+    # the real splits.
+    "hvdlite/core/topology.py": (60, [
+        ("unit", "tests/unit/test_topology.py tests/unit/test_planning.py "
+                 "tests/unit/test_runner.py"),
+        ("mpi2", "tests/mpi/test_topology.py")]),
+    "hvdlite/core/recorder.py": (60, [
+        ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
+    # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell.
+    "hvdlite/core/waiting.py": (60, [
+        ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
+                 "tests/unit/test_handles.py")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [

@@ -90,9 +90,10 @@ def test_unmasked_ranks_share_the_gpus_the_driver_reports() -> None:
     assert device_for_local_rank(3, 4, None, present=None) == 3  # unknown: one per rank
 
 
-def test_no_visible_gpu_is_an_error() -> None:
+@pytest.mark.parametrize("visible", ["", " ", ",", " , ,", "-1", "NoDevFiles"])
+def test_no_visible_gpu_is_an_error(visible: str) -> None:
     with pytest.raises(ValueError, match="hides every GPU"):
-        device_for_local_rank(0, 2, "")
+        device_for_local_rank(0, 2, visible)
 
 
 def test_rendered_slurm_gpu_job() -> None:

@@ -1,0 +1,228 @@
+"""The process-set registry and a set's round vector, without MPI: ids, who is a
+member, what opens and closes, what fails when a set goes away, and the bits and
+flag a rank contributes to a negotiation round."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hvdlite.core import registry as registry_module
+from hvdlite.core.cache import ResponseCache
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, SetState,
+                                   round_vector)
+from hvdlite.core.requests import Descriptor, Kind, Request, Response
+
+
+class FakeComm:
+    """One rank's communicator: Dup and Split as MPI would answer on this rank, given
+    the global ranks of the set being split (``members``, set by the test)."""
+
+    def __init__(self, rank: int, size: int, log: list) -> None:
+        self.rank, self.size, self.log = rank, size, log
+        self.members: tuple[int, ...] = ()
+        self.freed = False
+
+    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def Dup(self) -> "FakeComm":  # noqa: N802
+        self.log.append(("dup",))
+        return FakeComm(self.rank, self.size, self.log)
+
+    def Split(self, color: int, key: int) -> Any:  # noqa: N802
+        self.log.append(("split", color, key))
+        if color == MPI.UNDEFINED:
+            return MPI.COMM_NULL
+        return FakeComm(sorted(self.members).index(self.rank), len(self.members), self.log)
+
+    def Free(self) -> None:  # noqa: N802
+        self.freed = True
+
+
+class Registry:
+    """A registry on one rank of a world, recording opens and closes."""
+
+    def __init__(self, rank: int, size: int, capacity: int = 16) -> None:
+        self.log: list = []
+        self.world = FakeComm(rank, size, self.log)
+        self.opened: list[tuple[int, Any]] = []
+        self.closed: list[int] = []
+        self.sets = ProcessSetRegistry(capacity, lambda i, c: self.opened.append((i, c)),
+                                       self.closed.append)
+
+    def add(self, ranks: tuple[int, ...]) -> int:
+        self.world.members = ranks
+        return self.sets.add(ranks, self.world)
+
+
+def request(name: str) -> Request:
+    return Request(Descriptor(name=name, kind=Kind.ALLREDUCE, dtype="float32", shape=(4,)), 0)
+
+
+def test_the_global_set_is_id_0_on_a_duplicate_of_the_world() -> None:
+    for rank in (0, 2):
+        r = Registry(rank, 3, capacity=5)
+        assert r.add((0, 1, 2)) == GLOBAL_SET_ID == 0
+        assert r.log == [("dup",)]
+        state = r.sets.member(0)
+        assert state is not None and r.opened == [(0, state.comm)]
+        assert state.comm is not r.world and state.comm.Get_size() == 3
+        assert (state.set_id, state.ranks, state.pending) == (0, (0, 1, 2), {})
+        assert state.cache.capacity == 5
+        # Only the set's rank 0 coordinates, for all the set's ranks.
+        assert (state.coordinator is not None) == (rank == 0)
+        if rank == 0:
+            assert state.coordinator.size == 3  # type: ignore[union-attr]
+
+
+def test_a_set_splits_the_world_and_its_first_member_coordinates() -> None:
+    r = Registry(2, 4)
+    r.add((0, 1, 2, 3))
+    assert r.add((2, 3)) == 1
+    assert r.log[-1] == ("split", 0, 2)               # ordered by world rank
+    state = r.sets.member(1)
+    assert state is not None and state.comm.Get_size() == 2
+    assert state.coordinator is not None and state.coordinator.size == 2
+    assert r.add((1, 2)) == 2
+    state = r.sets.member(2)
+    assert state is not None and state.coordinator is None   # set rank 1
+    assert [i for i, _ in r.opened] == [0, 1, 2]
+
+
+def test_a_set_this_rank_is_not_in_is_known_but_not_joined() -> None:
+    r = Registry(0, 4)
+    r.add((0, 1, 2, 3))
+    assert r.add((1, 3)) == 1
+    assert r.log[-1] == ("split", MPI.UNDEFINED, 0)
+    assert r.sets.member(1) is None and r.sets.ranks_of(1) == (1, 3)
+    assert r.sets.id_of([1, 3]) == 1 and r.sets.id_of((3, 1)) is None
+    assert [i for i, _ in r.opened] == [0]
+    assert [s.set_id for s in r.sets.members()] == [0]
+    assert r.sets.remove(1, fail=pytest.fail)           # known, so removed; nothing to close
+    assert r.closed == [] and r.sets.ranks_of(1) is None
+
+
+def test_members_are_in_id_order_and_ids_are_never_reused() -> None:
+    r = Registry(1, 4)
+    for ranks in ((0, 1, 2, 3), (1, 2), (0, 1), (1, 3)):
+        r.add(ranks)
+    assert [s.set_id for s in r.sets.members()] == [0, 1, 2, 3]
+    assert r.sets.remove(2, fail=pytest.fail)
+    assert [s.set_id for s in r.sets.members()] == [0, 1, 3]
+    assert r.sets.id_of((0, 1)) is None and r.sets.member(2) is None
+    assert r.add((0, 1)) == 4                           # the same ranks get a new id
+    assert [s.set_id for s in r.sets.members()] == [0, 1, 3, 4]
+    assert r.sets.id_of((0, 1)) == 4 and r.sets.ranks_of(4) == (0, 1)
+
+
+def test_removing_a_set_fails_its_pending_requests_and_frees_it() -> None:
+    r = Registry(0, 2)
+    r.add((0, 1))
+    r.add((0, 1))
+    state = r.sets.member(1)
+    assert state is not None
+    pending = [request("a"), request("b")]
+    state.pending.update({q.desc.name: q for q in pending})
+    failed: list[Request] = []
+    assert r.sets.remove(1, failed.append)
+    assert failed == pending and state.pending == {}
+    assert r.closed == [1] and state.comm.freed
+    assert r.sets.ranks_of(1) is None and r.sets.member(1) is None
+    assert not r.sets.remove(1, failed.append)          # twice: unknown
+    assert not r.sets.remove(7, failed.append)          # never added
+    assert r.closed == [1] and len(failed) == 2
+
+
+def test_the_global_set_cannot_be_removed() -> None:
+    r = Registry(0, 2)
+    r.add((0, 1))
+    assert not r.sets.remove(GLOBAL_SET_ID, fail=pytest.fail)
+    assert r.sets.member(0) is not None and r.sets.ranks_of(0) == (0, 1) and r.closed == []
+
+
+def test_close_all_closes_every_set_of_this_rank_in_id_order() -> None:
+    r = Registry(1, 3)
+    for ranks in ((0, 1, 2), (1, 2), (0, 2), (0, 1)):
+        r.add(ranks)
+    r.sets.close_all()
+    assert r.closed == [0, 1, 3]
+
+
+# -- round vectors ----------------------------------------------------------------------------
+
+def set_state(cached: list[str], capacity: int = 130) -> SetState:
+    cache = ResponseCache(capacity)
+    for name in cached:
+        desc = request(name).desc
+        cache.insert(Response(desc), desc)
+    return SetState(1, (0, 1), None, cache, None)  # type: ignore[arg-type]
+
+
+def expected(state: SetState, names: list[str], no_full_round: bool) -> list[int]:
+    vector = [0] * (1 + state.cache.words)
+    vector[0] = int(NO_FULL_ROUND) if no_full_round else 0
+    for name in names:
+        bit = state.cache.lookup(request(name).desc)
+        assert bit is not None
+        vector[1 + bit // 64] |= 1 << (bit % 64)
+    return vector
+
+
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    clock = [12.0]                  # small times: a pending time is a difference, not a ratio
+    monkeypatch.setattr(registry_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return clock
+
+
+def pend(state: SetState, name: str, submitted_at: Optional[float] = None) -> Request:
+    state.pending[name] = r = request(name)
+    if submitted_at is not None:
+        r.submitted_at = submitted_at
+    return r
+
+
+def test_all_cached_needs_no_full_round(now: list[float]) -> None:
+    names = [f"t{i}" for i in range(70)]              # bits in two words
+    state = set_state(names)
+    for name in ("t0", "t5", "t64", "t69"):
+        pend(state, name)
+    vector = round_vector(state, False, None)
+    assert vector.dtype == np.uint64 and len(vector) == 1 + state.cache.words == 4
+    assert vector.tolist() == expected(state, ["t0", "t5", "t64", "t69"], True)
+    # The engine may need a full round anyway (a shutdown, a join): the flag says so.
+    assert round_vector(state, True, None).tolist() == expected(
+        state, ["t0", "t5", "t64", "t69"], False)
+
+
+def test_an_uncached_request_needs_a_full_round(now: list[float]) -> None:
+    state = set_state(["a", "b"])
+    pend(state, "a")
+    pend(state, "new")
+    pend(state, "b")
+    assert round_vector(state, False, None).tolist() == expected(state, ["a", "b"], False)
+    assert round_vector(set_state([]), False, None).tolist()[0] == int(NO_FULL_ROUND)
+
+
+def test_a_request_pending_too_long_needs_one_full_round(now: list[float]) -> None:
+    state = set_state(["a", "b"])
+    old = pend(state, "a", submitted_at=now[0] - 10.0)
+    young = pend(state, "b", submitted_at=now[0] - 4.0)
+    assert round_vector(state, False, None).tolist()[0] == int(NO_FULL_ROUND)  # no inspection
+    assert not old.stall_reported
+    vector = round_vector(state, False, 5.0)
+    assert vector.tolist() == expected(state, ["a", "b"], False)
+    assert old.stall_reported and not young.stall_reported
+    assert round_vector(state, False, 5.0).tolist()[0] == int(NO_FULL_ROUND)  # once only
+    now[0] += 1.0                                      # "b" has now waited exactly 5 s
+    assert round_vector(state, False, 5.0).tolist()[0] == int(NO_FULL_ROUND)
+    now[0] += 0.5
+    assert round_vector(state, False, 5.0).tolist()[0] == 0
+    assert young.stall_reported
