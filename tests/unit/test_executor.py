@@ -7,6 +7,7 @@ response carries the coordinator's (rank 0's) descriptor, a rank that has
 joined has no request, and expected values come from rank and size."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import ml_dtypes
@@ -642,3 +643,64 @@ def test_the_timeline_gets_each_phase_from_agreement_on() -> None:
         ((phase, start, end), (kind, begin, _)) = by_name.pop("g")
         assert (phase, start, kind, begin) == ("queue", 5.0, "allgather", end)
         assert by_name == {}
+
+
+def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> None:
+    """The timeline is looked up at every phase; one that appears after the first
+    phase (started by the user meanwhile) still gets the op's span from agreement."""
+    def steps(comm: ThreadComm) -> list:
+        timeline = _Timeline()
+        lookups = []
+
+        def current() -> Optional[_Timeline]:
+            lookups.append(1)
+            return timeline if len(lookups) > 1 else None
+        run = Executor(Config.load({}), lambda r, x: None, current)
+        run.open_set(SET, comm)
+        request = allreduce("late", np.ones(3), inplace=True)
+        request.agreed_at = 5.0
+        run.run(SET, [Response(request.desc)], {"late": request})
+        return timeline.spans
+    (spans,) = run_ranks(1, steps)
+    assert [(phase, start) for _, phase, start, _ in spans][:1] == [("memcpy_in", 5.0)]
+    assert [phase for _, phase, _, _ in spans] == ["memcpy_in", "allreduce", "memcpy_out"]
+
+
+# --- what only a device's namespace sees ----------------------------------------------------
+
+def test_in_place_on_a_device_compares_data_pointers() -> None:
+    """CuPy arrays: the same memory is the same pointer (no kernel over the data)."""
+    def at(ptr: int) -> Any:
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
+    device_xp = SimpleNamespace()
+    base = 1 << 40                  # addresses are large ints: equal, never identical
+    assert executor_module._in_place(device_xp, at(base + 200), at(base + 200))
+    assert not executor_module._in_place(device_xp, at(base + 100), at(base + 200))
+    assert not executor_module._in_place(device_xp, at(base + 200), at(base + 100))
+    array = np.zeros(4)
+    assert executor_module._in_place(np, array.reshape(-1), array)
+    assert not executor_module._in_place(np, array.copy(), array)
+
+
+def test_the_cpu_path_never_asks_the_device_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host tensors take no device lookups (Python overhead on every op), whatever
+    string object names the CPU (descriptors arrive unpickled, not interned)."""
+    def refuse(device: str) -> Any:
+        raise AssertionError(f"the device registry was asked about {device}")
+    monkeypatch.setattr(executor_module, "described", refuse)
+    cpu = "".join(["c", "pu"])
+
+    def make(rank: int) -> list[Request]:
+        array = np.full(3, float(rank))
+        fused = [allreduce(f"f{i}", array + i, device=cpu) for i in range(2)]
+        alone = allreduce("alone", np.full(5, float(rank)), device=cpu)
+        broadcast = Request(desc("b", Kind.BROADCAST, array, root=1, device=cpu), SET,
+                            array, array.copy())
+        return fused + [alone, broadcast]
+
+    def steps(me: Ranks) -> dict:
+        return {name: result.tolist() for name, result in
+                me.run(make(me.rank), responses_for(make)).items()}
+    for results in on_ranks(2, steps, allreduce="mpi"):
+        assert results == {"f0": [1.0] * 3, "f1": [3.0] * 3, "alone": [1.0] * 5,
+                           "b": [1.0] * 3}
