@@ -45,17 +45,14 @@ def small_items(adapter: TensorAdapter, tensors: Sequence[Any], op: Optional[int
         small: dict[int, Input] = {}
         dtypes: set[str] = set()
         for index, tensor in enumerate(tensors):
-            if not adapter.is_tensor(tensor):
+            # A GPU tensor's conversion records a CUDA event: decide before converting.
+            if not adapter.is_tensor(tensor) or adapter.device(tensor) != "cpu":
                 return {}
             if adapter.nbytes(tensor) < BUNDLED_BELOW:
                 source = small[index] = Input(adapter, tensor, "grouped_allreduce")
                 dtypes.add(dtype_name(source.array.dtype))
-                device = source.device
             else:        # large ones go alone; no conversion here (TensorFlow's copies)
                 dtypes.add(adapter.dtype_name(tensor))
-                device = adapter.device(tensor)
-            if device != "cpu":
-                return {}
     except ARGUMENT_ERRORS:
         return {}
     return small if len(small) >= 2 and len(dtypes) == 1 else {}

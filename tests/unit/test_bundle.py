@@ -51,3 +51,19 @@ def test_bundled_shapes_are_compared_across_ranks() -> None:
     message = find_mismatch({0: bundle(((2, 3), (4,))), 1: bundle(((4,), (2, 3)))})
     assert message is not None and "'g.0'" in message
     assert "shapes of the grouped tensors bundled" in message and "(4,), (2, 3)" in message
+
+
+def test_gpu_tensors_are_not_bundled_nor_converted() -> None:
+    """Converting a GPU tensor records a CUDA event: the decision comes first."""
+    class OnGpu(type(NUMPY)):   # type: ignore[misc]
+        converted = 0
+
+        def device(self, tensor: object) -> str:
+            return "cuda:0"
+
+        def to_array(self, tensor: object) -> np.ndarray:
+            OnGpu.converted += 1
+            return super().to_array(tensor)
+    assert small_items(OnGpu(), [np.ones(3, np.float32), np.ones(2, np.float32)],
+                       hvd.Sum, None) == {}
+    assert OnGpu.converted == 0
