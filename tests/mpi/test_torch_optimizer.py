@@ -114,3 +114,55 @@ def test_zero_grad_refuses_while_only_sparse_gradients_are_pending() -> None:
     optimizer.step()                          # still completes on every rank
     optimizer.zero_grad()
     assert np.isfinite(model.weight.detach().numpy()).all()
+
+
+def test_a_frozen_parameter_in_an_added_group_is_left_alone() -> None:
+    model, frozen = _linear(6), _linear(7)
+    for param in frozen.parameters():
+        param.requires_grad_(False)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in frozen.parameters()]
+    optimizer.add_param_group({"params": list(frozen.parameters())})
+    optimizer.add_param_group({"params": []})      # nothing new: nothing registered twice
+    optimizer.zero_grad()
+    model(_batch(hvd.rank(), 2)).pow(2).sum().backward()
+    optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(frozen.parameters(), before))
+    assert_identical_everywhere([p.detach().numpy() for p in model.parameters()])
+
+
+def test_four_positional_arguments_mean_no_op_argument() -> None:
+    """op is the fifth positional argument (Horovod's order): with four, the default."""
+    model = _linear(8)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         list(model.named_parameters()), hvd.Compression.none, 1)
+    assert type(optimizer) is hvd.DistributedOptimizer
+
+
+@pytest.mark.parametrize("item", ["one", "three"])
+def test_named_parameters_must_be_pairs(item: str) -> None:
+    model = _linear(9)
+    named = [(n, p) for n, p in model.named_parameters()]
+    bad = (named[0][0],) if item == "one" else (named[0][0], named[0][1], "extra")
+    with pytest.raises(ValueError, match=r"must be \(name, parameter\) pairs"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[bad] + named[1:])
+
+
+def test_missing_names_list_the_first_five_indices() -> None:
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(4)])   # 8 parameters
+    with pytest.raises(ValueError, match=r"misses 7 of .* 8 parameters \(indices \[1, 2, 3, 4, 5\]"):
+        hvd.DistributedOptimizer(torch.optim.SGD(layers.parameters(), lr=0.1),
+                                 named_parameters=list(layers.named_parameters())[:1])
+
+
+def test_the_step_after_synchronize_warning_points_at_the_callers_line() -> None:
+    model = _linear(10)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(_batch(hvd.rank(), 0)).sum().backward()
+    optimizer.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer.step()
+    assert [w.filename for w in caught] == [__file__], [(w.filename, str(w.message)) for w in caught]
