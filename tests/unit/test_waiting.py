@@ -227,3 +227,23 @@ def test_a_burst_of_rings_wakes_a_listener_with_one_release() -> None:
         bell.ring()
     listener.join(10)
     assert woke == [True] and releases == [1]
+
+
+@pytest.mark.timeout(30)
+def test_the_doorbell_listens_no_longer_than_asked_and_takes_any_timeout() -> None:
+    bell = Doorbell()
+    started = time.monotonic()
+    assert bell.listen(0.02, lambda: False) is False
+    assert 0.015 <= time.monotonic() - started < 0.5
+    started = time.monotonic()
+    assert bell.listen(-1.0, lambda: False) is False   # a negative timeout: no sleep
+    assert time.monotonic() - started < 0.5
+
+
+def test_ringing_a_rung_doorbell_again_is_harmless() -> None:
+    bell = Doorbell()
+    bell.ring_always()
+    bell.ring_always()                                 # the lock is free already: no error
+    bell.listening = True
+    bell.ring()                                        # the same through ring()
+    assert bell.listen(0.0, lambda: False) is False    # listening clears a stale ring
