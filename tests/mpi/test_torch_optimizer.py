@@ -83,13 +83,14 @@ def _moved(kind: str) -> int:
     return sum(b["kinds"].get(kind, {}).get("sent", 0) for b in backends)
 
 
-@pytest.mark.parametrize("sparse_as_dense", [False, True])
+@pytest.mark.parametrize("sparse_as_dense", [False, True, None])   # None: the default
 def test_sparse_gradients_travel_by_allgather_unless_made_dense(sparse_as_dense: bool) -> None:
     if hvd.size() == 1:
         pytest.skip("one rank sends nothing")
     model = _embedding()
+    settings = {} if sparse_as_dense is None else {"sparse_as_dense": sparse_as_dense}
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         sparse_as_dense=sparse_as_dense)
+                                         **settings)
     model(torch.tensor([hvd.rank() % 8, 1])).sum().backward()
     before = {kind: _moved(kind) for kind in ("allgather", "allreduce")}
     optimizer.step()
@@ -166,3 +167,58 @@ def test_the_step_after_synchronize_warning_points_at_the_callers_line() -> None
         warnings.simplefilter("always")
         optimizer.step()
     assert [w.filename for w in caught] == [__file__], [(w.filename, str(w.message)) for w in caught]
+
+
+@pytest.mark.timeout(60)
+def test_ranks_without_a_backward_still_take_part_in_step() -> None:
+    """Only rank 0 computes a loss this step; the others call step() alone and take
+    part with zero gradients (else rank 0 would wait for them for ever)."""
+    model, reference = _linear(11), _linear(11)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer.zero_grad()
+    if hvd.rank() == 0:
+        model(_batch(0, 3)).pow(2).sum().backward()
+    optimizer.step()
+    reference(_batch(0, 3)).pow(2).sum().backward()
+    expected = [p.detach() - 0.1 * p.grad / hvd.size() for p in reference.parameters()]
+    got = [p.detach() for p in model.parameters()]
+    assert_identical_everywhere([p.numpy() for p in got])
+    for mine, want in zip(got, expected):
+        assert torch.allclose(mine, want, atol=1e-12)
+
+
+def test_a_training_loop_warns_of_nothing_and_zero_grad_frees_the_gradients() -> None:
+    model = _linear(12)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            optimizer.zero_grad()
+            assert all(p.grad is None for p in model.parameters())   # torch's default
+            model(_batch(hvd.rank(), step)).pow(2).sum().backward()
+            optimizer.step()
+        optimizer.zero_grad()
+        model(_batch(hvd.rank(), 9)).pow(2).sum().backward()
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            optimizer.step()                  # said to skip: no warning
+    assert [str(w.message) for w in caught] == []
+
+
+def test_the_wrapped_optimizers_attributes_show_through() -> None:
+    model = _linear(13)
+    inner = torch.optim.SGD(model.parameters(), lr=0.25, momentum=0.5)
+    inner.custom_setting = "kept"
+    optimizer = hvd.DistributedOptimizer(inner)
+    assert optimizer.defaults["lr"] == 0.25 and optimizer.defaults is inner.defaults
+    assert optimizer.custom_setting == "kept"
+    with pytest.raises(AttributeError):
+        optimizer.no_such_attribute
+
+
+def test_two_parameters_with_one_name_are_refused() -> None:
+    model = _linear(14)
+    (_, weight), (_, bias) = model.named_parameters()
+    with pytest.raises(ValueError, match=r"duplicate names: \['w'\]"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", weight), ("w", bias)])
