@@ -32,20 +32,20 @@ def _linear(seed: int) -> "torch.nn.Module":
     return torch.nn.Linear(4, 3).double()
 
 
-def test_a_parameter_group_added_later_is_averaged_too() -> None:
-    first, second = _linear(1), _linear(2)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(first.parameters(), lr=0.1))
-    optimizer.add_param_group({"params": list(second.parameters())})
-    reference = [_linear(1), _linear(2)]
+def test_parameter_groups_added_later_are_averaged_too() -> None:
+    models = [_linear(1), _linear(2), _linear(15)]
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(models[0].parameters(), lr=0.1))
+    for model in models[1:]:                  # the second group, then the third
+        optimizer.add_param_group({"params": list(model.parameters())})
     optimizer.zero_grad()
-    (first(_batch(hvd.rank(), 0)).pow(2).sum() +
-     second(_batch(hvd.rank(), 1)).pow(2).sum()).backward()
+    sum(m(_batch(hvd.rank(), salt)).pow(2).sum() for salt, m in enumerate(models)).backward()
     optimizer.step()
     expected = []
-    for model, salt in zip(reference, (0, 1)):
-        grads = _averaged_grads(model, salt)
-        expected += [p.detach() - 0.1 * g for p, g in zip(model.parameters(), grads)]
-    got = [p.detach() for m in (first, second) for p in m.parameters()]
+    for salt, seed in enumerate((1, 2, 15)):
+        reference = _linear(seed)
+        grads = _averaged_grads(reference, salt)
+        expected += [p.detach() - 0.1 * g for p, g in zip(reference.parameters(), grads)]
+    got = [p.detach() for m in models for p in m.parameters()]
     assert_identical_everywhere([p.numpy() for p in got])
     for mine, want in zip(got, expected):
         assert torch.allclose(mine, want, atol=1e-12), (mine, want)
@@ -103,18 +103,20 @@ def test_sparse_gradients_travel_by_allgather_unless_made_dense(sparse_as_dense:
 
 
 def test_zero_grad_refuses_while_only_sparse_gradients_are_pending() -> None:
-    model, dense = _embedding(), _linear(5)
+    torch.manual_seed(4)
+    tables = [torch.nn.Embedding(8, 3, sparse=True).double() for _ in range(2)]
+    dense = _linear(5)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(
-        list(model.parameters()) + list(dense.parameters()), lr=0.1))
-    model(torch.tensor([0, 1])).sum().backward()
-    with pytest.raises(hvd.HvdliteError, match="while 1 gradients are still being averaged"):
+        [p for m in tables + [dense] for p in m.parameters()], lr=0.1))
+    sum(t(torch.tensor([0, 1])).sum() for t in tables).backward()
+    with pytest.raises(hvd.HvdliteError, match="while 2 gradients are still being averaged"):
         optimizer.zero_grad()
     dense(_batch(hvd.rank(), 0)).sum().backward()
-    with pytest.raises(hvd.HvdliteError, match="while 3 gradients are still being averaged"):
-        optimizer.zero_grad()                 # the embedding's, and the weight's and bias's
+    with pytest.raises(hvd.HvdliteError, match="while 4 gradients are still being averaged"):
+        optimizer.zero_grad()                 # two tables', and the weight's and bias's
     optimizer.step()                          # still completes on every rank
     optimizer.zero_grad()
-    assert np.isfinite(model.weight.detach().numpy()).all()
+    assert all(np.isfinite(t.weight.detach().numpy()).all() for t in tables)
 
 
 def test_a_frozen_parameter_in_an_added_group_is_left_alone() -> None:
@@ -222,3 +224,31 @@ def test_two_parameters_with_one_name_are_refused() -> None:
     with pytest.raises(ValueError, match=r"duplicate names: \['w'\]"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=[("w", weight), ("w", bias)])
+
+
+def test_skip_synchronize_without_synchronize_steps_with_this_ranks_gradients() -> None:
+    """As Horovod: inside skip_synchronize() step() does not wait for the reduction;
+    the gradients still in flight are collected by the next synchronize()."""
+    model = _linear(16)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(_batch(hvd.rank(), 4)).pow(2).sum().backward()
+    local = [(p.detach() - 0.1 * p.grad).clone() for p in model.parameters()]
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    stepped_locally = all(torch.allclose(p.detach(), w) for p, w in zip(model.parameters(), local))
+    optimizer.synchronize()                   # nothing is left in flight
+    optimizer.zero_grad()
+    everywhere = hvd.allgather_object(stepped_locally)
+    assert all(everywhere), everywhere
+
+
+def test_op_as_the_fifth_positional_argument() -> None:
+    """Horovod's order: (optimizer, named_parameters, compression,
+    backward_passes_per_step, op, ...); op=Adasum picks the delta-reducing class."""
+    if hvd.size() & (hvd.size() - 1):
+        pytest.skip("Adasum needs a power-of-two size")
+    model = _linear(17)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         list(model.named_parameters()),
+                                         hvd.Compression.none, 1, hvd.Adasum)
+    assert type(optimizer).__name__ == "AdasumDistributedOptimizer"
