@@ -57,8 +57,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # The executor at 1 to 4 ranks over the fake communicator first (seconds, and most
     # mutants die there); the real runs after it judge the rest.
     "hvdlite/core/executor.py": (400, [
-        ("unit", "tests/unit/test_executor.py tests/unit/test_stream_ordered.py "
-                 "tests/unit/test_scaling.py -knot(tensorflow)"), _MPI_REDUCE,
+        ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
+                 "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
+                 "-knot(tensorflow)"), _MPI_REDUCE,
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
     "hvdlite/core/scaling.py": (300, [
