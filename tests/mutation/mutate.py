@@ -12,9 +12,9 @@ mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages
 listed for the module in TESTS, cheapest first, stopping at the first failure.
 Pure modules need only unit tests; the engine, executor, backends and bindings
 need real MPI runs, so their runs take long: run them one module at a time. The
-backends are unit-tested first, at several sizes over a fake communicator
-(tests/unit/fake_comm.py), which kills most of their mutants in seconds, so a
-backend takes well under an hour. A mutant is killed when a stage fails or
+backends and the executor are unit-tested first, at several sizes over a fake
+communicator (tests/unit/fake_comm.py), which kills most of their mutants in
+seconds, so a backend takes well under an hour and the executor about one. A mutant is killed when a stage fails or
 exceeds the module's time limit (a hang, unit stages included). Sessions and
 reports stay in ``.mutation/``.
 """
@@ -57,8 +57,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # The executor at 1 to 4 ranks over the fake communicator first (seconds, and most
     # mutants die there); the real runs after it judge the rest.
     "hvdlite/core/executor.py": (400, [
-        ("unit", "tests/unit/test_executor.py tests/unit/test_stream_ordered.py "
-                 "tests/unit/test_scaling.py -knot(tensorflow)"), _MPI_REDUCE,
+        ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
+                 "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
+                 "-knot(tensorflow)"), _MPI_REDUCE,
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
     "hvdlite/core/scaling.py": (300, [
