@@ -189,8 +189,8 @@ class Engine:
     def _iteration(self) -> bool:
         self._wait_for_work()
         self._drain_queue()
-        if self.executor.busy:
-            self.executor.progress()   # handles completed by asynchronous backend work
+        if self.executor.busy and self.executor.progress():
+            self.handles.notify()      # finished by asynchronous backend work: before the round
         members = self.registry.members()
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
@@ -209,7 +209,7 @@ class Engine:
         self._check_stalls()
         # Waiters wake last, just before this thread next blocks: a user thread woken
         # while the engine still runs Python sleeps again on the GIL until the engine
-        # lets go, a second wake-up (back-to-back 4-byte allreduces: 270 -> 120 us).
+        # lets go, a second wake-up.
         self.handles.notify()
         return self._dead is None
 
