@@ -107,7 +107,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_scaling.py"),
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
     "hvdlite/api/gradients.py": (400, [
-        ("unit", "tests/unit/test_planning.py tests/unit/test_batches.py"),
+        ("unit", "tests/unit/test_gradients.py tests/unit/test_planning.py "
+                 "tests/unit/test_batches.py"),
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
                  "tests/mpi/test_torch_optimizer.py"),
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
