@@ -110,7 +110,9 @@ class NumpyAdapter(TensorAdapter):
         return tensor.astype(to_dtype(dtype))
 
     def dtype_name(self, tensor: Any) -> str:
-        return np.asarray(tensor).dtype.name
+        from hvdlite.core.requests import dtype_name    # cached: numpy's dtype.name is slow
+        return dtype_name(tensor.dtype if isinstance(tensor, np.ndarray)
+                          else np.asarray(tensor).dtype)
 
     def is_floating(self, tensor: Any) -> bool:
         dtype = np.asarray(tensor).dtype

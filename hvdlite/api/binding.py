@@ -67,17 +67,17 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                                 name: Optional[str] = None, op: Optional[int] = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 process_set: PS = None) -> submission.GroupHandle:
-        return c.grouped(allreduce_async, tensors, name, "allreduce", process_set,
-                         average=average, op=op, prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor)
+        return c.grouped_allreduce(a, allreduce_async, tensors, name, False, process_set,
+                                   average=average, op=op, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor)
 
     def grouped_allreduce_async_(tensors: Sequence[Any], average: Optional[bool] = None,
                                  name: Optional[str] = None, op: Optional[int] = None,
                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                  process_set: PS = None) -> submission.GroupHandle:
-        return c.grouped(allreduce_async_, tensors, name, "allreduce_", process_set,
-                         average=average, op=op, prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor)
+        return c.grouped_allreduce(a, allreduce_async_, tensors, name, True, process_set,
+                                   average=average, op=op, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor)
 
     def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                           name: Optional[str] = None,

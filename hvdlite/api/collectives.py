@@ -11,7 +11,7 @@ from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
                                     check_adasum, check_reduction, check_root, check_scale,
                                     inplace_output, reduce_op, set_ranks, synchronize, together)
-from hvdlite.api import runtime
+from hvdlite.api import bundle, runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
 from hvdlite.errors import HvdliteTypeError, UsageError
@@ -177,6 +177,22 @@ def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[s
                     Call(Kind(kind.rstrip("_")), f"{base}.{later}", process_set).mark(error)
                 raise
     return GroupHandle(handles)
+
+
+def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
+                      tensors: Sequence[Any], name: Optional[str], inplace: bool,
+                      process_set: Optional[ProcessSet], **kwargs: Any) -> GroupHandle:
+    """``grouped`` for allreduce, with its small CPU tensors bundled into one request
+    where they qualify (``bundle.small_items``)."""
+    kind = "allreduce_" if inplace else "allreduce"
+    tensors = list(tensors)
+    small = bundle.small_items(adapter, tensors, kwargs.get("op"), kwargs.get("average"))
+    if not small:
+        return grouped(submit_one, tensors, name, kind, process_set, **kwargs)
+    set_id, _ = set_ranks(process_set)
+    base = name or runtime.next_name(set_id, f"grouped_{kind}")[0]
+    return bundle.grouped_allreduce(adapter, submit_one, tensors, base, process_set, inplace,
+                                    small, **kwargs)
 
 
 def barrier(process_set: Optional[ProcessSet] = None) -> None:

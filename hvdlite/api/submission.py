@@ -33,10 +33,14 @@ _OPS_BY_VALUE = {int(op): op for op in ReduceOp}
 
 
 class GroupHandle:
-    """The handle of a grouped op: synchronizing it returns a list of results."""
+    """The handle of a grouped op: synchronizing it returns a list of results
+    (``collect`` makes that list from the handles' results, where one handle
+    stands for several tensors: a bundle, see ``bundle``)."""
 
-    def __init__(self, handles: Sequence[int]) -> None:
+    def __init__(self, handles: Sequence[int],
+                 collect: Optional[Callable[[list[Any]], list[Any]]] = None) -> None:
         self.handles = list(handles)
+        self.collect = collect
 
 
 Handle = Any   # int, or GroupHandle
@@ -68,7 +72,8 @@ def synchronize(handle: Handle) -> Any:
 
 def _wait(engine: Any, handle: Handle) -> Any:
     if isinstance(handle, GroupHandle):
-        return [engine.handles.wait(h) for h in handle.handles]
+        results = [engine.handles.wait(h) for h in handle.handles]
+        return results if handle.collect is None else handle.collect(results)
     return engine.handles.wait(handle)
 
 

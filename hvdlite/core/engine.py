@@ -190,7 +190,7 @@ class Engine:
         self._wait_for_work()
         self._drain_queue()
         if self.executor.busy and self.executor.progress():
-            self.handles.notify()      # handles completed by asynchronous backend work
+            self.handles.notify()      # finished by asynchronous backend work: before the round
         members = self.registry.members()
         vectors = [self._round_vector(s) for s in members]
         requests = [s.comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.BAND)
@@ -207,6 +207,10 @@ class Engine:
         if clock is not None and clock.since is not None and not any(s.pending for s in members):
             clock.settled(time.monotonic())
         self._check_stalls()
+        # Waiters wake last, just before this thread next blocks: a user thread woken
+        # while the engine still runs Python sleeps again on the GIL until the engine
+        # lets go, a second wake-up.
+        self.handles.notify()
         return self._dead is None
 
     def _wait_for_work(self) -> None:
@@ -235,7 +239,6 @@ class Engine:
                 self._fail(request, HvdliteError(
                     f"process set {request.process_set_id} was removed before "
                     f"'{request.desc.name}' ran"))
-                self.handles.notify()
             else:
                 state.pending[request.desc.name] = request
                 if self.peer_wait is not None:
@@ -343,8 +346,6 @@ class Engine:
         self.executor.run(state.set_id, data, agreed, plan_key)
         for response, request in control:
             self._control(state, response, request)
-        if responses:
-            self.handles.notify()
 
     def _control(self, state: SetState, response: Response, request: Optional[Request]) -> None:
         """Run an agreed add/remove/reconfigure (negotiated on the global set, so every

@@ -20,7 +20,7 @@ from hvdlite.errors import ErrorKind
 # submitting thread of unnamed ops. Allgather and alltoall compare the shape
 # without its first dimension, which may differ per rank.
 _COMPARED: dict[Kind, tuple[str, ...]] = {
-    Kind.ALLREDUCE: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.ALLREDUCE: ("device", "dtype", "parts", "shape", "op", "prescale", "postscale"),
     Kind.REDUCESCATTER: ("device", "dtype", "shape", "op", "prescale", "postscale"),
     Kind.BROADCAST: ("device", "dtype", "shape", "root"),
     Kind.ALLGATHER: ("device", "dtype", "trailing_shape"),
@@ -50,6 +50,8 @@ def _field(desc: Descriptor, field: str) -> object:
     return value
 
 
+_LABELS = {"kind": "collective", "thread": "submitting thread",
+           "parts": "shapes of the grouped tensors bundled"}   # () where not bundled
 _THREAD_HINT = ("Unnamed collectives submitted from several threads pair up in a "
                 "different order on each rank; give each collective a name (name=...) "
                 "that is the same on every rank.")
@@ -76,7 +78,7 @@ def find_mismatch(reports: dict[int, Descriptor]) -> Optional[str]:
         for rank in ranks:
             values.setdefault(_field(reports[rank], field), []).append(rank)
         if len(values) > 1:
-            label = {"kind": "collective", "thread": "submitting thread"}.get(field, field)
+            label = _LABELS.get(field, field)
             listing = "; ".join(f"ranks {group} have {label}={value!r}"
                                 for value, group in values.items())
             hint = _THREAD_HINT if field == "thread" else _FIX_HINT

@@ -70,6 +70,7 @@ class Descriptor(NamedTuple):
     thread: str = ""             # unnamed ops: the submitting thread (see runtime.next_name)
     settings: tuple = ()         # RECONFIGURE: sorted (field, value) pairs
     error: str = ""              # a marker: this rank's arguments were invalid (the reason)
+    parts: tuple = ()            # a bundled grouped allreduce: each tensor's shape, in order
 
 
 class Request:

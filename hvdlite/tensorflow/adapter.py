@@ -97,6 +97,13 @@ class TensorFlowAdapter(TensorAdapter):
     def dtype_name(self, tensor: Any) -> str:
         return tf.as_dtype(tensor.dtype).name
 
+    def nbytes(self, tensor: Any) -> int:
+        """From the shape where it is known: ``to_array`` copies the tensor to the host."""
+        count = tensor.shape.num_elements()
+        if count is None:
+            return super().nbytes(tensor)
+        return int(count) * tf.as_dtype(tensor.dtype).size
+
     def is_floating(self, tensor: Any) -> bool:
         return tf.as_dtype(tensor.dtype).is_floating
 

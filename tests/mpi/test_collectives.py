@@ -94,8 +94,8 @@ def test_reducescatter_half_precision() -> None:
 def _dirty_fusion_buffer() -> None:
     """Leave non-zero data in this rank's fusion buffer (a fused group), so that a
     joined rank that failed to contribute zeros would show up in the sum."""
-    hvd.grouped_allreduce([np.full(16, 1000.0), np.full(16, 1000.0)], op=hvd.Sum,
-                          name="join.dirty")
+    hvd.grouped_allreduce([np.full(16, 1000.0), np.full(16, 1000.0), np.zeros(1, np.int64)],
+                          op=hvd.Sum, name="join.dirty")   # two dtypes: not bundled, packed
 
 
 # Join tests assert only after every rank's last collective: a rank that failed an

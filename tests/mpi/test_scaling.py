@@ -43,9 +43,13 @@ def test_differently_scaled_async_allreduces_are_not_fused(backend: str, dtype: 
 @pytest.mark.parametrize("dtype", [np.float64] + HALF_TYPES, ids=lambda t: np.dtype(t).name)
 def test_scales_on_the_packed_path(backend: str, dtype: type) -> None:
     """A group is packed into the fusion buffer (half types: widened on the way);
-    prescale applies before the sum, postscale and Average's division after."""
+    prescale applies before the sum, postscale and Average's division after. The
+    last tensor, of another dtype, keeps the group per tensor (a group of one dtype
+    is bundled into one request: tests/mpi/test_bundle.py), so the others are packed."""
     name = np.dtype(dtype).name
+    other = np.float32 if dtype is np.float64 else np.float64
     tensors = [np.full(i + 2, hvd.rank() + 1, dtype=dtype) for i in range(3)]
+    tensors.append(np.full(2, hvd.rank() + 1, dtype=other))
     summed = hvd.grouped_allreduce(tensors, op=hvd.Sum, prescale_factor=2.0,
                                    postscale_factor=3.0, name=f"packed.sum.{backend}.{name}")
     averaged = hvd.grouped_allreduce(tensors, op=hvd.Average, prescale_factor=4.0,
@@ -53,10 +57,11 @@ def test_scales_on_the_packed_path(backend: str, dtype: type) -> None:
     lone = hvd.allreduce(tensors[0], op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0,
                          name=f"packed.lone.{backend}.{name}")
     n = _rank_total()
-    for i, (s, a) in enumerate(zip(summed, averaged)):
-        assert s.dtype == a.dtype == np.dtype(dtype)
-        np.testing.assert_array_equal(s.astype(np.float64), np.full(i + 2, 6.0 * n))
-        np.testing.assert_array_equal(a.astype(np.float64), np.full(i + 2, 2.0 * n / hvd.size()))
+    for tensor, s, a in zip(tensors, summed, averaged):
+        assert s.dtype == a.dtype == tensor.dtype
+        np.testing.assert_array_equal(s.astype(np.float64), np.full(tensor.size, 6.0 * n))
+        np.testing.assert_array_equal(a.astype(np.float64),
+                                      np.full(tensor.size, 2.0 * n / hvd.size()))
     np.testing.assert_array_equal(lone.astype(np.float64), np.full(2, 6.0 * n))
 
 
@@ -80,12 +85,16 @@ def test_average_divides_bit_exactly(backend: str) -> None:
     # Rank 0 sends 1, the others share the rest (size 3: 1, 2, 2).
     share, extra = divmod(total - 1, size - 1)
     mine = 1.0 if hvd.rank() == 0 else float(share + (1 if hvd.rank() <= extra else 0))
-    both = hvd.grouped_allreduce([np.full(3, mine), np.full(2, mine)], op=hvd.Average,
-                                 name=f"exact.avg.grouped.{backend}")
+    # The float32 tensor keeps the group per tensor, so the two float64 ones are packed.
+    both = hvd.grouped_allreduce([np.full(3, mine), np.full(2, mine),
+                                  np.full(1, mine, dtype=np.float32)], op=hvd.Average,
+                                 name=f"exact.avg.grouped.{backend}")[:2]
+    bundled = hvd.grouped_allreduce([np.full(3, mine), np.full(2, mine)], op=hvd.Average,
+                                    name=f"exact.avg.bundled.{backend}")
     lone = hvd.allreduce(np.full(5, mine), op=hvd.Average, name=f"exact.avg.{backend}")
     scattered = hvd.reducescatter(np.full(2 * size, mine), op=hvd.Average,
                                   name=f"exact.rs.{backend}")
-    for result in both + [lone, scattered]:
+    for result in both + bundled + [lone, scattered]:
         assert result.tolist() == [total / size] * result.size, (result, total, size)
 
 

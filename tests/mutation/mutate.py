@@ -12,9 +12,9 @@ mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages
 listed for the module in TESTS, cheapest first, stopping at the first failure.
 Pure modules need only unit tests; the engine, executor, backends and bindings
 need real MPI runs, so their runs take long: run them one module at a time. The
-backends are unit-tested first, at several sizes over a fake communicator
-(tests/unit/fake_comm.py), which kills most of their mutants in seconds, so a
-backend takes well under an hour. A mutant is killed when a stage fails or
+backends and the executor are unit-tested first, at several sizes over a fake
+communicator (tests/unit/fake_comm.py), which kills most of their mutants in
+seconds, so a backend takes well under an hour and the executor about one. A mutant is killed when a stage fails or
 exceeds the module's time limit (a hang, unit stages included). Sessions and
 reports stay in ``.mutation/``.
 """
@@ -54,8 +54,12 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_negotiation.py tests/unit/test_planning.py"),
         ("mpi2", "tests/mpi/test_errors.py tests/mpi/test_bad_inputs.py "
                  "tests/mpi/test_collectives.py")]),
+    # The executor at 1 to 4 ranks over the fake communicator first (seconds, and most
+    # mutants die there); the real runs after it judge the rest.
     "hvdlite/core/executor.py": (400, [
-        ("unit", "tests/unit/test_scaling.py"), _MPI_REDUCE,
+        ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
+                 "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
+                 "-knot(tensorflow)"), _MPI_REDUCE,
         ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
     "hvdlite/core/scaling.py": (300, [
@@ -119,12 +123,15 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_scaling.py"),
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
     "hvdlite/api/gradients.py": (400, [
-        ("unit", "tests/unit"),
-        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py"),
+        ("unit", "tests/unit/test_gradients.py tests/unit/test_planning.py "
+                 "tests/unit/test_batches.py"),
+        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
+                 "tests/mpi/test_torch_optimizer.py"),
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
     "hvdlite/torch/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
-                 "tests/mpi/test_torch_parity.py")]),
+                 "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
+        ("mpi2", "tests/mpi/test_adasum.py -k optimizer")]),   # op=Adasum's own class
     # The backends: their unit tests first, then the real MPI runs of the collectives
     # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
     # limits are for the mutants that deadlock a rank (a wrong tag, peer or segment).

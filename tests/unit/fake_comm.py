@@ -6,7 +6,11 @@ the MPI stages run at 2 ranks, where a ring has one step and nothing is odd).
 point-to-point calls behave like MPI's: messages between two ranks with one tag
 arrive in order, a receive waits for its message (a missing one fails the test
 after ``TIMEOUT`` seconds instead of hanging it), a message longer than the
-receive buffer is an error and a shorter one fills its start.
+receive buffer is an error and a shorter one fills its start. The collectives
+that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
+Alltoallv, Reduce_scatter) are exchanges through a shared slot per rank between
+two barriers, with MPI's semantics computed by NumPy, reducing in rank order;
+a count that does not match the buffers is an error, as MPI would truncate.
 :class:`RecordingComm` records the collectives called on it and does nothing.
 """
 from __future__ import annotations
@@ -17,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
+from mpi4py import MPI
 
 TIMEOUT = 10.0
 
@@ -48,6 +53,9 @@ class ThreadWorld:
         self._queues: dict[tuple[int, int, int], queue.Queue] = {}
         self._lock = threading.Lock()
         self.messages = 0
+        self.collectives = 0                # collective calls, counted once per rank
+        self._slots: list[Any] = [None] * size
+        self._barrier = threading.Barrier(size)
 
     def channel(self, source: int, dest: int, tag: int) -> queue.Queue:
         with self._lock:
@@ -99,6 +107,89 @@ class ThreadComm:
     def Recv(self, buf: np.ndarray, source: int, tag: int) -> None:  # noqa: N802
         self.Irecv(buf, source, tag).Wait()
 
+    # -- collectives -----------------------------------------------------------------
+    def _exchange(self, item: Any) -> list[Any]:
+        """Every rank's ``item``, in rank order (a rank that never comes fails the
+        others' barrier after ``TIMEOUT`` seconds)."""
+        world = self.world
+        with world._lock:
+            world.collectives += 1
+        world._slots[self.rank] = item
+        world._barrier.wait(TIMEOUT)
+        items = list(world._slots)
+        world._barrier.wait(TIMEOUT)        # nobody overwrites a slot still being read
+        return items
+
+    def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any) -> None:  # noqa: N802
+        data = recvbuf if sendbuf is MPI.IN_PLACE else np.asarray(sendbuf)
+        if data.dtype != recvbuf.dtype or data.size != recvbuf.size:
+            raise ValueError(f"rank {self.rank}: Allreduce of {data.size} {data.dtype} "
+                             f"into {recvbuf.size} {recvbuf.dtype}")
+        recvbuf[...] = _reduce(self._exchange(data.reshape(-1).copy()), op).reshape(recvbuf.shape)
+
+    def Bcast(self, buf: Any, root: int) -> None:  # noqa: N802
+        array = _array(buf)
+        data = self._exchange(array.copy() if self.rank == root else None)[root]
+        if data.dtype != array.dtype or data.size != array.size:
+            raise ValueError(f"rank {self.rank}: Bcast of {data.size} {data.dtype} "
+                             f"into {array.size} {array.dtype}")
+        array[...] = data
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send = _array(sendbuf).reshape(-1)
+        recv, (counts, displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        pieces = self._exchange(send.copy())
+        for source, piece in enumerate(pieces):
+            _place(recv, displs[source], counts[source], piece, self.rank, source)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        send, (send_counts, send_displs) = _array(sendbuf).reshape(-1), sendbuf[1]
+        recv, (recv_counts, recv_displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        sent = self._exchange((send.copy(), list(send_counts), list(send_displs)))
+        for source, (data, counts, displs) in enumerate(sent):
+            piece = data[displs[self.rank]: displs[self.rank] + counts[self.rank]]
+            if len(piece) != counts[self.rank]:
+                raise ValueError(f"rank {source} sends past its buffer to rank {self.rank}")
+            _place(recv, recv_displs[source], recv_counts[source], piece, self.rank, source)
+
+    def Reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray,  # noqa: N802
+                       recvcounts: Any, op: Any) -> None:
+        counts = list(recvcounts)
+        if sum(counts) != sendbuf.size or recvbuf.size != counts[self.rank]:
+            raise ValueError(f"rank {self.rank}: Reduce_scatter of {sendbuf.size} into "
+                             f"{recvbuf.size} with counts {counts}")
+        total = _reduce(self._exchange(sendbuf.reshape(-1).copy()), op)
+        start = sum(counts[: self.rank])
+        recvbuf.reshape(-1)[...] = total[start: start + counts[self.rank]]
+
+
+_UFUNCS = [(MPI.SUM, np.add), (MPI.PROD, np.multiply), (MPI.MIN, np.minimum),
+           (MPI.MAX, np.maximum)]
+
+
+def _reduce(items: list[np.ndarray], op: Any) -> np.ndarray:
+    """Every rank's buffer reduced by the MPI ``op``, in rank order."""
+    (ufunc,) = [u for mpi_op, u in _UFUNCS if mpi_op == op]
+    if any(i.dtype != items[0].dtype or i.size != items[0].size for i in items):
+        raise ValueError(f"ranks reduce different buffers: {[(i.size, i.dtype) for i in items]}")
+    result = items[0].copy()
+    for item in items[1:]:
+        ufunc(result, item, out=result)
+    return result
+
+
+def _array(spec: Any) -> np.ndarray:
+    """The array of an mpi4py buffer spec ([array, type] or [array, (counts, displs), type])."""
+    return spec[0] if isinstance(spec, (list, tuple)) else spec
+
+
+def _place(recv: np.ndarray, start: int, count: int, piece: np.ndarray, rank: int,
+           source: int) -> None:
+    if piece.dtype != recv.dtype or piece.size != count or start + count > recv.size:
+        raise ValueError(f"rank {rank}: {piece.size} {piece.dtype} from {source} into "
+                         f"{count} at {start} of {recv.size} {recv.dtype}")
+    recv[start: start + count] = piece
+
 
 def run_ranks(size: int, work: Callable[[ThreadComm], Any]) -> list[Any]:
     """``work(comm)`` on every rank of a fresh world, each in its own thread; the
@@ -112,6 +203,7 @@ def run_ranks(size: int, work: Callable[[ThreadComm], Any]) -> list[Any]:
             results[rank] = work(ThreadComm(world, rank))
         except BaseException as error:   # noqa: BLE001 (reported below)
             errors.append(error)
+            world._barrier.abort()          # the others fail now, not after TIMEOUT
     threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
     for thread in threads:
         thread.start()

@@ -51,22 +51,6 @@ def test_the_first_outcome_wins() -> None:
     table.fail(12345, HvdliteError("never created"))
 
 
-def test_completion_is_seen_only_after_notify_and_wakes_a_waiter() -> None:
-    table = HandleTable()
-    handle = table.create()
-    got: list = []
-    waiter = threading.Thread(target=lambda: got.append(table.wait(handle)))
-    waiter.start()
-    deadline = time.monotonic() + 5
-    while table.waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert table.waiting == 1                        # tells the engine someone waits
-    table.complete(handle, "result")
-    table.notify()
-    waiter.join(5)
-    assert got == ["result"] and table.waiting == 0
-
-
 def test_fail_all_fails_every_pending_handle_and_wakes_waiters() -> None:
     table = HandleTable()
     handles = [table.create() for _ in range(3)]
@@ -96,3 +80,109 @@ def test_the_doorbell_wakes_a_listener_once_and_only_while_it_listens() -> None:
     listener.join(5)
     assert woke == [True] and time.monotonic() - started < 4
     assert not bell.listening
+
+
+def _wait_until_parked(table: HandleTable, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while table.waiting < count and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert table.waiting == count
+
+
+def test_a_parked_waiter_wakes_at_notify_not_at_complete() -> None:
+    """A completion is seen by a blocked waiter only at notify(), and wakes it then."""
+    table = HandleTable()
+    handle = table.create()
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(table.wait(handle)))
+    waiter.start()
+    _wait_until_parked(table, 1)
+    table.complete(handle, "result")
+    waiter.join(0.1)
+    assert waiter.is_alive() and got == []           # the engine wakes waiters in batches
+    table.notify()
+    table.notify()                                   # a second notify releases nothing twice
+    waiter.join(5)
+    assert got == ["result"] and table.waiting == 0
+
+
+def test_notify_wakes_only_the_waiters_whose_handles_are_done() -> None:
+    table = HandleTable()
+    first, second = table.create(), table.create()
+    got: dict = {}
+
+    def wait(handle: int) -> None:
+        try:
+            got[handle] = table.wait(handle)
+        except HvdliteError as error:
+            got[handle] = error
+    waiters = [threading.Thread(target=wait, args=(h,)) for h in (first, second)]
+    for waiter in waiters:
+        waiter.start()
+    _wait_until_parked(table, 2)
+    table.complete(second, "two")
+    table.notify()
+    waiters[1].join(5)
+    assert got == {second: "two"} and waiters[0].is_alive() and table.waiting == 1
+    table.fail(first, HvdliteError("boom"))
+    table.notify()
+    waiters[0].join(5)
+    assert not waiters[0].is_alive() and table.waiting == 0
+    assert isinstance(got[first], HvdliteError) and "boom" in str(got[first])
+
+
+@pytest.mark.timeout(60)
+def test_no_wake_up_is_lost_when_completion_races_with_waiting() -> None:
+    """The engine thread completes and notifies each step just as the user threads
+    start waiting for it, at varied moments; every wait must return (a lost
+    wake-up hangs here and the joins time out)."""
+    table = HandleTable()
+    rounds, users = 1000, 2
+    handles = [[table.create() for _ in range(rounds)] for _ in range(users)]
+    results: list[list] = [[] for _ in range(users)]
+    reached = [-1] * users
+
+    def user(index: int) -> None:
+        for step, handle in enumerate(handles[index]):
+            reached[index] = step
+            results[index].append(table.wait(handle))
+
+    def engine() -> None:
+        for step in range(rounds):
+            while min(reached) < step:
+                time.sleep(0)
+            for _ in range(step % 7):
+                time.sleep(0)                        # complete at varied points of the wait
+            for index in range(users):
+                table.complete(handles[index][step], step)
+            table.notify()
+
+    threads = [threading.Thread(target=user, args=(i,), daemon=True) for i in range(users)]
+    threads.append(threading.Thread(target=engine, daemon=True))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads), f"stuck at {reached}"
+    assert results == [list(range(rounds))] * users
+
+
+def test_concurrent_rings_wake_the_listener_once_and_leave_no_stale_ring() -> None:
+    bell = Doorbell()
+    woke: list = []
+    listener = threading.Thread(target=lambda: woke.append(bell.listen(5.0, lambda: False)))
+    listener.start()
+    deadline = time.monotonic() + 5
+    while not bell.listening and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ringers = [threading.Thread(target=bell.ring) for _ in range(4)]
+    ringers.append(threading.Thread(target=bell.ring_always))
+    for ringer in ringers:
+        ringer.start()
+    for ringer in ringers:
+        ringer.join(5)
+    listener.join(5)
+    assert woke == [True]
+    started = time.monotonic()
+    assert bell.listen(0.05, lambda: False) is False  # the extra rings were cleared
+    assert time.monotonic() - started >= 0.04

@@ -45,7 +45,7 @@ class _StreamBackend:
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return device.startswith("fake")
+        return device.startswith(("fake", "apu"))
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return np.dtype(dtype)
@@ -70,7 +70,8 @@ class _StreamBackend:
             return None
         _StreamBackend.many_calls.append(pairs)
         for source, target in pairs:     # two ranks with the same values
-            target[...] = source if op is ReduceOp.AVERAGE else 2 * source
+            averaged = op is ReduceOp.AVERAGE and getattr(self, "averages", False)
+            target[...] = source if averaged else 2 * source
         self.works.append(_StreamWork())
         return self.works[-1]
 
@@ -150,18 +151,86 @@ def test_drain_waits_for_the_stream(executor: Any) -> None:
     assert _StreamBackend.made[0].works[0].waited == 1
 
 
-def test_host_work_that_is_not_done_still_completes_only_when_done(executor: Any) -> None:
+@pytest.fixture(params=["false", "absent"])
+def unordered(request: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work that is not on a stream: ``ordered`` False, or no such attribute."""
+    if request.param == "false":
+        monkeypatch.setattr(_StreamWork, "ordered", False)
+    else:
+        monkeypatch.delattr(_StreamWork, "ordered")
+
+
+def test_host_work_that_is_not_done_still_completes_only_when_done(executor: Any,
+                                                                   unordered: None) -> None:
     """Without ``ordered`` (an asynchronous host backend), the handle waits."""
     run, completed, _ = executor
-    _StreamWork.ordered = False
-    try:
-        request = _allreduce("h", np.ones(2))
-        run.run(0, [Response(request.desc)], {"h": request})
-        assert completed == [] and run.busy
-        _StreamBackend.made[0].works[0].finished = True
-        assert run.progress() == 1 and len(completed) == 1
-    finally:
-        _StreamWork.ordered = True
+    request = _allreduce("h", np.ones(2))
+    run.run(0, [Response(request.desc)], {"h": request})
+    assert completed == [] and run.busy
+    _StreamBackend.made[0].works[0].finished = True
+    assert run.progress() == 1 and len(completed) == 1
+
+
+def test_unordered_work_finishes_in_order(executor: Any, unordered: None) -> None:
+    """A later work done first completes nothing: handles complete in agreed order."""
+    run, completed, _ = executor
+    for name in ("first", "second"):
+        request = _allreduce(name, np.ones(3))
+        run.run(0, [Response(request.desc)], {name: request})
+    works = _StreamBackend.made[0].works
+    works[1].finished = True
+    assert run.progress() == 0 and completed == [] and run.busy
+    works[0].finished = True
+    assert run.progress() == 2 and [r.desc.name for r, _ in completed] == ["first", "second"]
+    assert not run.busy
+
+
+def test_unordered_work_is_waited_for_before_its_fusion_buffer_is_reused(
+        executor: Any, unordered: None) -> None:
+    run, completed, _ = executor
+    for step in range(2):
+        requests = [_allreduce(f"u{i}", np.full(2, float(step)), ReduceOp.SUM) for i in range(2)]
+        run.run(0, [Response(r.desc) for r in requests], {r.desc.name: r for r in requests})
+    works = _StreamBackend.made[0].works
+    assert [w.waited for w in works] == [1, 0]
+    assert run.progress() == 1 and len(completed) == 2     # the first group, waited for
+    run.drain()
+    assert [r.value.tolist() for _, r in completed[2:]] == [[2.0, 2.0]] * 2
+
+
+def test_inputs_are_released_in_order_once_the_stream_is_past_them(executor: Any) -> None:
+    """A later work done first releases nothing: the stream runs in order, and the
+    earlier work's inputs are still being read."""
+    run, completed, _ = executor
+    watched = []
+    for name in ("first", "second"):
+        request = _allreduce(name, np.ones(3))
+        watched.append(weakref.ref(request.array))
+        run.run(0, [Response(request.desc)], {name: request})
+        del request
+    completed.clear()                   # what the caller got back (the handles) is gone
+    works = _StreamBackend.made[0].works
+    works[1].finished = True
+    run.progress()
+    gc.collect()
+    assert [w() is not None for w in watched] == [True, True]
+    works[0].finished = True
+    run.progress()
+    gc.collect()
+    assert [w() is not None for w in watched] == [False, False]
+
+
+def test_a_collective_other_than_allreduce_waits_for_its_input_on_the_stream(
+        executor: Any) -> None:
+    run, completed, prepared = executor
+    values = np.arange(3.0)
+    desc = Descriptor("b", Kind.BROADCAST, dtype="float64", shape=(3,), root=1,
+                      device="fake:0")
+    request = Request(desc, 0, values, values.copy())
+    request.ready = "ready-b"
+    run.run(0, [Response(desc)], {"b": request})
+    assert prepared == [["ready-b"]]
+    assert [(r.desc.name, type(x)) for r, x in completed] == [("b", devices.Fenced)]
 
 
 class _Placed:
@@ -209,19 +278,71 @@ def test_a_backend_that_reduces_many_buffers_gets_each_tensor_in_place(many: Any
     assert [r.value.tolist() for _, r in completed] == [[0.0, 1.0, 2.0], [4.0, 4.0]]
 
 
-@pytest.mark.parametrize("case", ["prescale", "joined", "staged"])
-def test_groups_the_backend_cannot_take_whole_are_fused(many: Any, case: str) -> None:
+@pytest.mark.parametrize("case", ["prescale", "prescale up", "joined", "staged", "widened"])
+def test_groups_the_backend_cannot_take_whole_are_fused(many: Any, case: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     run, completed, _ = many
-    request = _allreduce("p", np.full(3, 2.0), ReduceOp.SUM)
+    dtype = np.float16 if case == "widened" else np.float64
+    request = _allreduce("p", np.full(3, 2.0, dtype), ReduceOp.SUM)
     response = Response(request.desc)
-    if case == "prescale":
-        request.desc = request.desc._replace(prescale=0.5)
+    if case.startswith("prescale"):
+        request.desc = request.desc._replace(prescale=0.5 if case == "prescale" else 2.0)
         response = Response(request.desc)
     elif case == "joined":
         response = Response(request.desc, joined=(1,))
+    elif case == "widened":       # a backend that reduces half types in float32
+        monkeypatch.setattr(_StreamBackend, "reduction_dtype",
+                            lambda self, dt: np.dtype(np.float32) if dt == np.float16 else dt)
     else:
         _StreamBackend.many = False
     run.run(0, [response], {"p": request})
     assert _StreamBackend.many_calls == []
-    expected = 2.0 if case == "prescale" else 4.0
+    expected = {"prescale": 2.0, "prescale up": 8.0}.get(case, 4.0)
     assert completed[0][1].value.tolist() == [expected] * 3
+    assert completed[0][1].value.dtype == dtype
+
+
+@pytest.mark.parametrize("averages", [True, False, None])
+def test_a_backend_that_reduces_many_but_only_sums_is_divided_after(
+        many: Any, averages: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend averages only if it says so (None: it has no ``averages``)."""
+    run, completed, _ = many
+    if averages is None:
+        monkeypatch.delattr(_StreamBackend, "averages")
+    else:
+        monkeypatch.setattr(_StreamBackend, "averages", averages)
+    request = _allreduce("v", np.full(3, 3.0), ReduceOp.AVERAGE)
+    request.desc = request.desc._replace(postscale=2.0)
+    run.run(0, [Response(request.desc)], {"v": request})
+    assert len(_StreamBackend.many_calls) == 1
+    assert completed[0][1].value.tolist() == [6.0] * 3
+
+
+def test_a_device_named_before_cpu_is_still_a_device(executor: Any) -> None:
+    """Whether a tensor is on the host is ``device == "cpu"``, not an order of names:
+    a device type sorting before "cpu" is prepared, reduced by its backend's many-
+    buffer call, and fenced."""
+    run, completed, prepared = executor
+    fences: list[str] = []
+    devices.register_device("apu", devices.DeviceType(
+        np, lambda device, ready: prepared.append(list(ready)),
+        lambda device: fences.append(device) or f"fence{len(fences)}"))
+    _StreamBackend.many = True
+    _StreamBackend.many_calls.clear()
+    try:
+        requests = [_allreduce(n, np.full(2, 3.0), ReduceOp.SUM) for n in "ab"]
+        for request in requests:
+            request.desc = request.desc._replace(device="apu:0")
+        values = np.arange(2.0)
+        bcast = Request(Descriptor("c", Kind.BROADCAST, dtype="float64", shape=(2,), root=0,
+                                   device="apu:0"), 0, values, values.copy())
+        bcast.ready = "ready-c"
+        run.run(0, [Response(r.desc) for r in requests + [bcast]],
+                {r.desc.name: r for r in requests + [bcast]})
+    finally:
+        _StreamBackend.many = False
+    assert len(_StreamBackend.many_calls) == 1
+    assert prepared == [["ready-a", "ready-b"], ["ready-c"]]
+    assert fences == ["apu:0", "apu:0"]
+    assert [(r.desc.name, x.fence, x.value.tolist()) for r, x in completed] == [
+        ("a", "fence1", [6.0, 6.0]), ("b", "fence1", [6.0, 6.0]), ("c", "fence2", [0.0, 1.0])]

@@ -204,23 +204,19 @@ def test_precise_sleeps_is_quiet_where_prctl_is_missing(monkeypatch: pytest.Monk
     waiting.precise_sleeps()                           # a libc without prctl
 
 
-class CountingEvent(threading.Event):
-    def __init__(self) -> None:
-        super().__init__()
-        self.sets = 0
-
-    def set(self) -> None:
-        self.sets += 1
-        super().set()
-
-
 @pytest.mark.timeout(30)
-def test_a_burst_of_rings_wakes_a_listener_with_one_event() -> None:
+def test_a_burst_of_rings_wakes_a_listener_with_one_release() -> None:
     bell = Doorbell()
-    bell._event = event = CountingEvent()
+    releases: list[int] = []
+    release = bell._release
+
+    def counted() -> None:
+        releases.append(1)
+        release()
+    bell._release = counted                            # type: ignore[method-assign]
     for _ in range(5):
         bell.ring()                                    # nobody listens yet
-    assert event.sets == 0
+    assert releases == []
     woke: list[bool] = []
     listener = threading.Thread(target=lambda: woke.append(bell.listen(10.0, lambda: False)))
     listener.start()
@@ -230,4 +226,24 @@ def test_a_burst_of_rings_wakes_a_listener_with_one_event() -> None:
     for _ in range(200):
         bell.ring()
     listener.join(10)
-    assert woke == [True] and event.sets == 1
+    assert woke == [True] and releases == [1]
+
+
+@pytest.mark.timeout(30)
+def test_the_doorbell_listens_no_longer_than_asked_and_takes_any_timeout() -> None:
+    bell = Doorbell()
+    started = time.monotonic()
+    assert bell.listen(0.02, lambda: False) is False
+    assert 0.015 <= time.monotonic() - started < 0.5
+    started = time.monotonic()
+    assert bell.listen(-1.0, lambda: False) is False   # a negative timeout: no sleep
+    assert time.monotonic() - started < 0.5
+
+
+def test_ringing_a_rung_doorbell_again_is_harmless() -> None:
+    bell = Doorbell()
+    bell.ring_always()
+    bell.ring_always()                                 # the lock is free already: no error
+    bell.listening = True
+    bell.ring()                                        # the same through ring()
+    assert bell.listen(0.0, lambda: False) is False    # listening clears a stale ring
