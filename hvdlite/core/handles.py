@@ -5,9 +5,9 @@ taking its lock on completion cost more than the collective for small tensors.
 The engine marks a batch of slots done and notifies once per batch. A thread
 that has to block parks on a lock of its own, which the engine's notify
 releases: one futex wake-up. A Condition (or an Event, built on one) costs a
-second lock hand-off as the woken thread takes the condition's lock back: on a
-2-core machine at np=2, a hand-off to a thread and back through Events took
-~140 us more than the MPI call it carried, through bare locks ~30 us.
+second lock hand-off as the woken thread takes the condition's lock back: on two
+cores at np=2, a 4-byte allreduce handed to a thread and back took 80 us through
+Events and 43-58 us through bare locks.
 """
 from __future__ import annotations
 

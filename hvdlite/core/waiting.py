@@ -44,7 +44,7 @@ class Doorbell:
     listens: most submissions arrive while the engine is busy and need no wake-up.
     The bell is a lock, held while unrung, that the engine sleeps on: a ring is
     one release, one futex wake-up (an Event's set and wait add a hand-off of its
-    condition's lock: some 50 us more per wake-up on a 2-core machine)."""
+    condition's lock: some 10-20 us more per wake-up on two cores)."""
 
     def __init__(self) -> None:
         self._bell = threading.Lock()
