@@ -63,3 +63,20 @@ def test_with_several_passes_a_key_counts_once_it_has_them_all() -> None:
     assert reducer.ready("e") == list("abcde")
     reducer.reset()
     assert reducer.ready("a") == []       # a new step counts from zero
+
+
+class _FourRanks:
+    def size(self) -> int:
+        return 4
+
+
+@pytest.mark.parametrize("predivide, expected", [
+    (1.0, (hvd.Average, 1.0, 1.0)),                    # nothing to split
+    (4.0, (hvd.Sum, 0.25, 1.0)),                       # divide by 4 before, by size/4 after
+    (0.5, (hvd.Sum, 2.0, 0.125)),                      # a factor below 1 is split too
+])
+def test_a_predivide_factor_splits_average_around_the_sum(predivide: float,
+                                                          expected: tuple) -> None:
+    from hvdlite.api.gradients import scaled_op
+    op, prescale, postscale = scaled_op(hvd.Average, predivide, _FourRanks())
+    assert (int(op), prescale, postscale) == (int(expected[0]), expected[1], expected[2])
