@@ -3,6 +3,7 @@
 hydra's PMI socket."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -169,39 +170,38 @@ def _guard(parent: int, fd: int, grace: float) -> subprocess.Popen:
                              str(fd), str(grace)], pass_fds=(fd,))
 
 
-@pytest.mark.timeout(30)
-def test_a_short_grace_ends_on_time() -> None:
+@contextlib.contextmanager
+def rank_that_ended(grace: float) -> Iterator[tuple[socket.socket, subprocess.Popen]]:
+    """A guard holding the rank's end of a socket pair for a stand-in rank (a sleep)
+    that is then killed; yields the launcher's end and the guard."""
     launcher, rank = socket.socketpair()
     parent = subprocess.Popen(["sleep", "30"])
-    guard = _guard(parent.pid, rank.fileno(), 0.2)
+    guard = _guard(parent.pid, rank.fileno(), grace)
     rank.close()
     try:
         time.sleep(0.3)
         parent.kill()
         parent.wait()
+        yield launcher, guard
+    finally:
+        launcher.close()
+        guard.kill()
+
+
+@pytest.mark.timeout(30)
+def test_a_short_grace_ends_on_time() -> None:
+    with rank_that_ended(0.2) as (launcher, guard):
         started = time.monotonic()
         launcher.settimeout(10)
         assert launcher.recv(1) == b""
         assert 0.15 < time.monotonic() - started < 0.9   # held for the grace, no longer
         assert guard.wait(timeout=5) == 0
-    finally:
-        launcher.close()
-        guard.kill()
 
 
 @pytest.mark.timeout(30)
 def test_the_launcher_closing_during_the_grace_ends_the_guard() -> None:
-    launcher, rank = socket.socketpair()
-    parent = subprocess.Popen(["sleep", "30"])
-    guard = _guard(parent.pid, rank.fileno(), 30.0)
-    rank.close()
-    try:
-        time.sleep(0.3)
-        parent.kill()
-        parent.wait()
+    with rank_that_ended(30.0) as (launcher, guard):
         time.sleep(0.3)                                # in the grace period now
         assert guard.poll() is None
         launcher.close()
         assert guard.wait(timeout=5) == 0
-    finally:
-        guard.kill()

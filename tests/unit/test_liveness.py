@@ -13,6 +13,7 @@ import pytest
 
 from hvdlite.core import exit_guard, liveness
 from hvdlite.core.liveness import EXITED, RUNNING, STOPPED, UNKNOWN, Monitor, Peer
+from tests.unit.test_exit_guard import rank_that_ended
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = ("vm", "boot-1", "pid:[4026531836]")
@@ -163,44 +164,13 @@ def test_exit_guard_is_for_hydra_only() -> None:
         os.close(write)
 
 
-def _guard(parent: int, fd: int, grace: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-I", "-S", exit_guard.__file__, str(parent),
-                             str(fd), str(grace)], pass_fds=(fd,))
-
-
-def test_exit_guard_leaves_at_once_when_the_launcher_closes_the_socket() -> None:
-    launcher, rank = socket.socketpair()
-    parent = subprocess.Popen(["sleep", "30"])
-    guard = _guard(parent.pid, rank.fileno(), 30)
-    try:
-        rank.close()
-        time.sleep(0.3)
-        assert guard.poll() is None            # holds it while the rank lives
-        launcher.close()                       # MPI_Finalize done, or the launcher is gone
-        assert guard.wait(timeout=5) == 0
-    finally:
-        parent.kill()
-        parent.wait()
-        guard.kill()
-
-
 def test_exit_guard_holds_the_socket_for_the_grace_period_after_the_rank_ends() -> None:
-    launcher, rank = socket.socketpair()
-    parent = subprocess.Popen(["sleep", "30"])
-    guard = _guard(parent.pid, rank.fileno(), 1.5)
-    rank.close()
-    try:
-        time.sleep(0.3)
-        parent.kill()
-        parent.wait()
+    with rank_that_ended(1.5) as (launcher, guard):
         start = time.monotonic()
         launcher.settimeout(5)
         assert launcher.recv(1) == b""         # EOF only once the guard let go
         assert 1.0 < time.monotonic() - start < 5
         assert guard.wait(timeout=5) == 0
-    finally:
-        launcher.close()
-        guard.kill()
 
 
 _EXIT_PROBE = """
