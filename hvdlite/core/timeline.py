@@ -1,8 +1,8 @@
 """Chrome-trace timeline (chrome://tracing, Perfetto), written by rank 0.
 
 A writer thread appends each event just before the closing bracket, in one
-write, so the file is a valid JSON array at every moment and a crash leaves a
-readable trace. The engine only enqueues tuples; it never waits on the disk.
+write, so the file is a valid JSON array after every write and a crash leaves a
+readable trace (a read racing with a write may see it half done). The engine only enqueues tuples; it never waits on the disk.
 """
 from __future__ import annotations
 

@@ -18,10 +18,19 @@ from hvdlite.core.timeline import Timeline
 
 
 def events_when(path: Path, count: int) -> list[dict]:
-    """The file's events once it holds ``count`` (the writer is a thread)."""
+    """The file's events once it holds ``count`` (the writer is a thread). The file is
+    valid JSON after every write; a read that races with a write (one ``pwrite``, which
+    a concurrent read may see half done) is read again, a few times at most."""
     deadline = time.monotonic() + 10
+    torn = 0
     while True:
-        events = json.loads(path.read_bytes())  # valid JSON at every moment
+        try:
+            events = json.loads(path.read_bytes())
+        except json.JSONDecodeError:
+            torn += 1
+            assert torn < 20, "the trace stayed invalid JSON between writes"
+            time.sleep(0.001)
+            continue
         if len(events) >= count or time.monotonic() > deadline:
             return events
         time.sleep(0.001)
