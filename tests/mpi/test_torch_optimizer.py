@@ -4,6 +4,7 @@ sparse gradient takes, and zero_grad() while only sparse gradients are pending.
 Every test compares against what one process computes from every rank's batch."""
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -91,8 +92,8 @@ def test_sparse_gradients_travel_by_allgather_unless_made_dense(sparse_as_dense:
     settings = {} if sparse_as_dense is None else {"sparse_as_dense": sparse_as_dense}
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          **settings)
-    model(torch.tensor([hvd.rank() % 8, 1])).sum().backward()
     before = {kind: _moved(kind) for kind in ("allgather", "allreduce")}
+    model(torch.tensor([hvd.rank() % 8, 1])).sum().backward()   # the hook submits it
     optimizer.step()
     moved = {kind: _moved(kind) - before[kind] for kind in before}
     assert model.weight.grad.is_sparse
@@ -228,9 +229,14 @@ def test_two_parameters_with_one_name_are_refused() -> None:
 
 def test_skip_synchronize_without_synchronize_steps_with_this_ranks_gradients() -> None:
     """As Horovod: inside skip_synchronize() step() does not wait for the reduction;
-    the gradients still in flight are collected by the next synchronize()."""
+    the gradients still in flight are collected by the next synchronize(). The other
+    ranks' backward comes late, so rank 0's reduction cannot have finished by its step."""
+    if hvd.size() == 1:
+        pytest.skip("needs a peer whose gradient comes late")
     model = _linear(16)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    if hvd.rank() != 0:
+        time.sleep(0.5)
     model(_batch(hvd.rank(), 4)).pow(2).sum().backward()
     local = [(p.detach() - 0.1 * p.grad).clone() for p in model.parameters()]
     with optimizer.skip_synchronize():
@@ -239,7 +245,7 @@ def test_skip_synchronize_without_synchronize_steps_with_this_ranks_gradients() 
     optimizer.synchronize()                   # nothing is left in flight
     optimizer.zero_grad()
     everywhere = hvd.allgather_object(stepped_locally)
-    assert all(everywhere), everywhere
+    assert everywhere[0], everywhere          # the late ranks' own steps may see either
 
 
 def test_op_as_the_fifth_positional_argument() -> None:
