@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hvdlite.core.requests import dtype_name, to_dtype
 from hvdlite.errors import HvdliteTypeError
 
 
@@ -106,13 +107,11 @@ class NumpyAdapter(TensorAdapter):
         return array
 
     def cast(self, tensor: Any, dtype: str) -> Any:
-        from hvdlite.core.requests import to_dtype
         return tensor.astype(to_dtype(dtype))
 
     def dtype_name(self, tensor: Any) -> str:
-        from hvdlite.core.requests import dtype_name    # cached: numpy's dtype.name is slow
-        return dtype_name(tensor.dtype if isinstance(tensor, np.ndarray)
-                          else np.asarray(tensor).dtype)
+        array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+        return dtype_name(array.dtype)     # cached: numpy's dtype.name is slow
 
     def is_floating(self, tensor: Any) -> bool:
         dtype = np.asarray(tensor).dtype

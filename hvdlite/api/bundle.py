@@ -18,6 +18,7 @@ across ranks like a tensor's shape.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -26,7 +27,8 @@ from hvdlite.api import runtime
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input, check_reduction,
-                                    check_scale, inplace_output, reduce_op, together)
+                                    check_scale, inplace_output, reduce_op, returning,
+                                    submit_group)
 from hvdlite.core.requests import Kind, dtype_name
 from hvdlite.reduce_op import ReduceOp
 
@@ -97,19 +99,18 @@ def _target(source: Input, what: str, writable: bool) -> Any:
 
 def _unbundle(adapter: TensorAdapter, tensors: Sequence[Any], targets: Optional[list[Any]],
               shapes: tuple[tuple[int, ...], ...], sizes: list[int]) -> Callable[[Any], list]:
+    inplace = targets is not None
+    finishes = [returning(adapter, tensor, inplace) for tensor in tensors]
+
     def finish(flat: Any) -> list[Any]:
         ends = np.cumsum(sizes).tolist()
-        pieces = [flat[end - size:end].reshape(shape)
-                  for end, size, shape in zip(ends, sizes, shapes)]
-        if targets is None:
-            if adapter.framework == "numpy":
-                return pieces
-            return [adapter.from_array(piece) for piece in pieces]
-        for target, piece in zip(targets, pieces):
-            np.copyto(target, piece)
-        if adapter.framework == "numpy":
-            return targets
-        return [adapter.inplace_done(t, target) for t, target in zip(tensors, targets)]
+        results = [flat[end - size:end].reshape(shape)
+                   for end, size, shape in zip(ends, sizes, shapes)]
+        if targets is not None:
+            for target, piece in zip(targets, results):
+                np.copyto(target, piece)
+            results = targets
+        return [r if f is None else f(r) for r, f in zip(results, finishes)]
     return finish
 
 
@@ -122,22 +123,16 @@ def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
     so the peers fail them too."""
     tensors = list(tensors)
     alone = [i for i in range(len(tensors)) if i not in small]
-    names = [f"{base}.{next(iter(small))}"] + [f"{base}.{i}" for i in alone]
-    handles: list[int] = []
-    with together("grouped_allreduce"):
-        try:
-            handles.append(submit(
-                adapter, [tensors[i] for i in small], list(small.values()), names[0],
-                process_set, inplace,
-                kwargs.get("op"), kwargs.get("average"), kwargs.get("prescale_factor", 1.0),
-                kwargs.get("postscale_factor", 1.0)))
-            for index, name in zip(alone, names[1:]):
-                handles.append(submit_one(tensors[index], name=name, process_set=process_set,
-                                          **kwargs))
-        except ARGUMENT_ERRORS as error:
-            for later in names[len(handles) + 1:]:
-                Call(Kind.ALLREDUCE, later, process_set).mark(error)
-            raise
+    first = f"{base}.{next(iter(small))}"
+    bundled = functools.partial(
+        submit, adapter, [tensors[i] for i in small], list(small.values()), first,
+        process_set, inplace, kwargs.get("op"), kwargs.get("average"),
+        kwargs.get("prescale_factor", 1.0), kwargs.get("postscale_factor", 1.0))
+    submissions = [(first, bundled)] + [
+        (f"{base}.{i}", functools.partial(submit_one, tensors[i], name=f"{base}.{i}",
+                                          process_set=process_set, **kwargs))
+        for i in alone]
+    handles = submit_group("grouped_allreduce", Kind.ALLREDUCE, process_set, submissions)
 
     def in_order(results: list[Any]) -> list[Any]:
         ordered: list[Any] = [None] * len(tensors)

@@ -2,6 +2,7 @@
 ``submission`` for the checks, names and error markers every call goes through)."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -10,27 +11,15 @@ from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
                                     check_adasum, check_reduction, check_root, check_scale,
-                                    inplace_output, reduce_op, set_ranks, synchronize, together)
+                                    inplace_output, reduce_op, returning, set_ranks, submit_group,
+                                    synchronize)
 from hvdlite.api import bundle, runtime
 from hvdlite.core.devices import array_namespace
 from hvdlite.core.requests import Kind
-from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.errors import UsageError
 from hvdlite.reduce_op import ReduceOp
 
 # -- the collectives on one adapter's tensors ------------------------------------------------
-Finish = Optional[Callable[[Any], Any]]
-
-
-def _returning(adapter: TensorAdapter, tensor: Any, inplace: bool) -> Finish:
-    """What synchronize returns: the caller's tensor for in-place ops, else the
-    result array as the adapter's tensor."""
-    if adapter.framework == "numpy":
-        return None        # the result array is the caller's array (in place) or the result
-    if inplace:
-        return lambda result: adapter.inplace_done(tensor, result)
-    return adapter.from_array
-
-
 def _fresh_output(source: Input) -> Any:
     if source.device == "cpu":
         return runtime.RUNTIME.outputs.empty(source.array.shape, source.array.dtype)
@@ -57,7 +46,7 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
     except ARGUMENT_ERRORS as error:
         call.mark(error)
         raise
-    return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
+    return call.submit(source.array, output, writeback, returning(adapter, tensor, inplace),
                        op=int(reduction), prescale=prescale, postscale=postscale,
                        **source.fields())
 
@@ -71,7 +60,7 @@ def allgather_async(adapter: TensorAdapter, tensor: Any, name: Optional[str] = N
         call.mark(error)
         raise
     array = source.array.reshape(1) if source.array.ndim == 0 else source.array
-    return call.submit(array, finish=_returning(adapter, tensor, False), **source.fields(array))
+    return call.submit(array, finish=returning(adapter, tensor, False), **source.fields(array))
 
 
 def broadcast_async(adapter: TensorAdapter, tensor: Any, root_rank: int,
@@ -88,7 +77,7 @@ def broadcast_async(adapter: TensorAdapter, tensor: Any, root_rank: int,
     except ARGUMENT_ERRORS as error:
         call.mark(error)
         raise
-    return call.submit(source.array, output, writeback, _returning(adapter, tensor, inplace),
+    return call.submit(source.array, output, writeback, returning(adapter, tensor, inplace),
                        root=root, **source.fields())
 
 
@@ -154,29 +143,29 @@ def reducescatter_async(adapter: TensorAdapter, tensor: Any, name: Optional[str]
     except ARGUMENT_ERRORS as error:
         call.mark(error)
         raise
-    return call.submit(source.array, finish=_returning(adapter, tensor, False),
+    return call.submit(source.array, finish=returning(adapter, tensor, False),
                        op=int(reduction), prescale=prescale, postscale=postscale,
                        **source.fields())
 
 
+def _group_base(name: Optional[str], kind: str, process_set: Optional[ProcessSet]) -> str:
+    """A grouped op's name; its tensors are ``<base>.<i>``."""
+    set_id, _ = set_ranks(process_set)
+    return name or runtime.next_name(set_id, f"grouped_{kind}")[0]
+
+
 def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[str],
             kind: str, process_set: Optional[ProcessSet], **kwargs: Any) -> GroupHandle:
-    """One op per tensor, named ``<base>.<i>``. If item i is refused, the items
-    from i on are marked as failed on this rank, so peers fail them too."""
-    tensors = list(tensors)
-    set_id, _ = set_ranks(process_set)
-    base = name or runtime.next_name(set_id, f"grouped_{kind}")[0]
-    handles: list[int] = []
-    with together(f"grouped_{kind}"):       # one round, one fused buffer, one ready event
-        for index, tensor in enumerate(tensors):
-            try:
-                handles.append(submit(tensor, name=f"{base}.{index}", process_set=process_set,
-                                      **kwargs))
-            except (UsageError, HvdliteTypeError) as error:
-                for later in range(index + 1, len(tensors)):
-                    Call(Kind(kind.rstrip("_")), f"{base}.{later}", process_set).mark(error)
-                raise
-    return GroupHandle(handles)
+    """One op per tensor, named ``<base>.<i>``, in one round (one fused buffer, one
+    ready event). If item i is refused, the items after it are marked as failed on
+    this rank, so peers fail them too."""
+    base = _group_base(name, kind, process_set)
+    submissions = [(f"{base}.{index}",
+                    functools.partial(submit, tensor, name=f"{base}.{index}",
+                                      process_set=process_set, **kwargs))
+                   for index, tensor in enumerate(tensors)]
+    return GroupHandle(submit_group(f"grouped_{kind}", Kind(kind.rstrip("_")), process_set,
+                                    submissions))
 
 
 def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
@@ -189,10 +178,9 @@ def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
     small = bundle.small_items(adapter, tensors, kwargs.get("op"), kwargs.get("average"))
     if not small:
         return grouped(submit_one, tensors, name, kind, process_set, **kwargs)
-    set_id, _ = set_ranks(process_set)
-    base = name or runtime.next_name(set_id, f"grouped_{kind}")[0]
-    return bundle.grouped_allreduce(adapter, submit_one, tensors, base, process_set, inplace,
-                                    small, **kwargs)
+    return bundle.grouped_allreduce(adapter, submit_one, tensors,
+                                    _group_base(name, kind, process_set), process_set,
+                                    inplace, small, **kwargs)
 
 
 def barrier(process_set: Optional[ProcessSet] = None) -> None:

@@ -245,6 +245,33 @@ def together(what: str) -> Iterator[None]:
             _TOGETHER.events = None
 
 
+def submit_group(what: str, kind: Kind, process_set: Optional[ProcessSet],
+                 submissions: Sequence[tuple[str, Callable[[], int]]]) -> list[int]:
+    """Run ``(name, submit)`` pairs in order, together (one round), and return their
+    handles. If one is refused, the names after it are marked failed on this rank,
+    so the peers fail them too instead of waiting for them."""
+    handles: list[int] = []
+    with together(what):
+        for index, (_, submit) in enumerate(submissions):
+            try:
+                handles.append(submit())
+            except ARGUMENT_ERRORS as error:
+                for later, _ in submissions[index + 1:]:
+                    Call(kind, later, process_set).mark(error)
+                raise
+    return handles
+
+
+def returning(adapter: TensorAdapter, tensor: Any, inplace: bool) -> Optional[Callable[[Any], Any]]:
+    """What synchronize returns: the caller's tensor for in-place ops, else the
+    result array as the adapter's tensor."""
+    if adapter.framework == "numpy":
+        return None        # the result array is the caller's array (in place) or the result
+    if inplace:
+        return lambda result: adapter.inplace_done(tensor, result)
+    return adapter.from_array
+
+
 def _ready_event(adapter: TensorAdapter, tensor: Any, device: str) -> Any:
     shared = getattr(_TOGETHER, "events", None)
     if shared is None:
