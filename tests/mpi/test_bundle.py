@@ -149,3 +149,33 @@ def test_a_bundle_on_a_process_set_averages_over_its_members() -> None:
             np.testing.assert_array_equal(results[1], np.ones(2))
     finally:
         hvd.remove_process_set(evens)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["bundled", "per_tensor"])
+def test_a_refused_tensor_fails_the_ones_after_it_on_every_rank(path: str) -> None:
+    """Rank 0 refuses one submission of the group (a read-only in-place target): the
+    submissions after it never reach rank 0's engine, so rank 0 marks them failed and
+    every other rank's handles for them raise instead of waiting for ever."""
+    if hvd.size() == 1:
+        pytest.skip("needs a peer")
+    big = np.ones(BUNDLED_BELOW // 8)                  # goes alone, after the bundle
+    other = np.float32 if path == "per_tensor" else np.float64   # two dtypes: no bundle
+    tensors = [np.ones(3), np.ones(2), big, np.ones(4, dtype=other)]
+    if hvd.rank() == 0:
+        tensors[1].setflags(write=False)
+    name = f"bundle.refused.{path}"
+    outcomes: list[str] = []
+    try:
+        handle = hvd.grouped_allreduce_async_(tensors, name=name)
+    except hvd.HvdliteError as error:
+        outcomes.append(f"refused: {error}")
+    else:
+        for one in handle.handles:
+            outcomes.append(_outcome(lambda one=one: hvd.synchronize(one)))
+    everywhere = hvd.allgather_object(outcomes, name=f"{name}.outcomes")
+    assert everywhere[0] and "read-only" in everywhere[0][0], everywhere[0]
+    for outcomes in everywhere[1:]:
+        assert outcomes[-1].startswith("HvdliteTypeError") or "invalid arguments on ranks [0]" \
+            in outcomes[-1], outcomes
+    _after_error_collectives_work(name)
