@@ -4,6 +4,7 @@
     python tests/mutation/mutate.py hvdlite/core/fusion.py [more modules]
     python tests/mutation/mutate.py --resume MODULE      # finish an interrupted run
     python tests/mutation/mutate.py --report MODULE      # print a finished run again
+    python tests/mutation/mutate.py --workers 4 MODULE   # several mutants at once
 
 (``make mutate`` and ``make mutate MODULE=...`` run this under ``nice``.) Each
 module is mutated in a scratch copy of the work tree (``.mutation/tree``), so an
@@ -17,15 +18,25 @@ communicator (tests/unit/fake_comm.py), which kills most of their mutants in
 seconds, so a backend takes well under an hour and the executor about one. A mutant is killed when a stage fails or
 exceeds the module's time limit (a hang, unit stages included). Sessions and
 reports stay in ``.mutation/``.
+
+``--workers N`` runs N mutants at once, each in its own copy of the tree
+(tests/mutation/parallel.py); ``--export DIR`` and ``--import DIR`` split that
+run so that the mutants can run on another machine with more cores (the engine's,
+whose every mutant needs several mpiexec runs) or with a GPU (the GPU backends).
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import parallel  # noqa: E402  (tests/mutation/parallel.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / ".mutation"
@@ -116,6 +127,21 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
                  "-k not(guard)and(not(sys_exit))"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
+    # The engine runs only under MPI, so every mutant costs mpiexec runs (minutes each
+    # on 2 cores: use --workers, or --export to a machine with cores to spare). Rounds,
+    # the response cache, errors, process sets and reconfiguration at -n 2; the
+    # overlapping sets at -n 3; then whole jobs: crashes, stalls, shutdowns, lost peers,
+    # the timeline and the report.
+    "hvdlite/core/engine.py": (150, [
+        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
+                 "tests/mpi/test_process_set_registry.py"),
+        ("mpi2", "tests/mpi/test_collectives.py tests/mpi/test_bad_inputs.py "
+                 "tests/mpi/test_one_rank_errors.py tests/mpi/test_unnamed_ops.py "
+                 "tests/mpi/test_traffic.py tests/mpi/test_torch_optimizer.py"),
+        ("mpi3", "tests/mpi/test_process_set_registry.py tests/mpi/test_unnamed_ops.py"),
+        ("unit", "tests/integration/test_jobs.py tests/integration/test_liveness.py "
+                 "tests/integration/test_report.py -knot(hvdliterun)and(not(pytorch))"
+                 "and(not(numpy_demo))and(not(every_time))")]),
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
@@ -151,7 +177,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
 }
 
 
-def run_tests(module: str) -> int:
+def run_tests(module: str, mpiexec: str | None = None) -> int:
     """Run a module's stages in the current directory (cosmic-ray's test command)."""
     limit, stages = TESTS[module]
     for kind, args in stages:
@@ -159,8 +185,8 @@ def run_tests(module: str) -> int:
         if kind == "unit":
             command = ["timeout", "-k", "5", str(limit), PY, "-m", "pytest", *pytest]
         else:
-            mpiexec = str(Path(PY).with_name("mpiexec"))
-            command = ["timeout", "-k", "5", str(limit), mpiexec, "-n", kind[3:], PY,
+            command = ["timeout", "-k", "5", str(limit),
+                       mpiexec or str(Path(PY).with_name("mpiexec")), "-n", kind[3:], PY,
                        "tests/mpi/run.py", *pytest]
         code = subprocess.call(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if code != 0:
@@ -193,25 +219,89 @@ def _cosmic_ray(*args: str) -> None:
     subprocess.run([tool, *args], cwd=TREE, check=True)
 
 
-def mutate(module: str, resume: bool) -> None:
-    limit, stages = TESTS[module]
+def _prepare(module: str, resume: bool, baseline: bool = True) -> None:
+    """A fresh scratch tree, the unmutated tests passing in it, and a session to fill.
+    (An export leaves the baseline to the machine that runs the mutants.)"""
     config, session = _session(module)
     _copy_tree()
-    print(f"== {module}: baseline (the unmutated tests must pass)", flush=True)
-    if subprocess.call([PY, "tests/mutation/mutate.py", "--run-tests", module], cwd=TREE):
-        sys.exit(f"{module}: the tests fail without any mutant; fix them first")
+    if baseline:
+        print(f"== {module}: baseline (the unmutated tests must pass)", flush=True)
+        if subprocess.call([PY, "tests/mutation/mutate.py", "--run-tests", module], cwd=TREE):
+            sys.exit(f"{module}: the tests fail without any mutant; fix them first")
     if not (resume and session.exists()):
         config.write_text(
             "[cosmic-ray]\n"
             f'module-path = "{module}"\n'
-            f"timeout = {float(limit * len(stages) + 30)}\n"
+            f"timeout = {float(_time_limit(module))}\n"
             "excluded-modules = []\n"
             f'test-command = "{PY} tests/mutation/mutate.py --run-tests {module}"\n\n'
             '[cosmic-ray.distributor]\nname = "local"\n')
         session.unlink(missing_ok=True)
         _cosmic_ray("init", str(config), str(session))
+
+
+def _time_limit(module: str) -> int:
+    """A whole test command's limit: each stage's own, and some slack."""
+    limit, stages = TESTS[module]
+    return limit * len(stages) + 30
+
+
+def mutate(module: str, resume: bool, workers: int) -> None:
+    _prepare(module, resume)
     print(f"== {module}: running the mutants", flush=True)
-    _cosmic_ray("exec", str(config), str(session))
+    if workers <= 1:
+        config, session = _session(module)
+        _cosmic_ray("exec", str(config), str(session))
+        return
+    exported = WORK / f"{_session(module)[1].stem}.parallel"
+    shutil.rmtree(exported, ignore_errors=True)
+    export(module, exported)
+    parallel.run(exported, workers, None)
+    import_results(module, exported)
+
+
+def export(module: str, exported: Path) -> None:
+    """Each mutant not yet run, as the whole mutated module, for tests/mutation/parallel.py."""
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.plugins import get_operator
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    mutants = exported / "mutants"
+    mutants.mkdir(parents=True, exist_ok=True)
+    with use_db(str(_session(module)[1]), WorkDB.Mode.open) as db:
+        for item in db.pending_work_items:
+            (mutation,) = item.mutations
+            operator = get_operator(mutation.operator_name)(**mutation.operator_args)
+            with use_mutation(TREE / mutation.module_path, operator,
+                              mutation.occurrence) as (original, mutated):
+                if mutated is None:
+                    continue
+                (mutants / f"{item.job_id}.py").write_text(mutated)
+                diff = difflib.unified_diff(original.splitlines(), mutated.splitlines(),
+                                            f"a/{module}", f"b/{module}", lineterm="")
+                (mutants / f"{item.job_id}.diff").write_text("\n".join(diff))
+    (exported / "plan.json").write_text(json.dumps(
+        {"module": module, "timeout": _time_limit(module)}))
+    print(f"== {module}: {len(list(mutants.glob('*.py')))} mutants in {exported}")
+
+
+def import_results(module: str, exported: Path) -> None:
+    """Record parallel.py's outcomes in the module's cosmic-ray session."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    with use_db(str(_session(module)[1]), WorkDB.Mode.open) as db:
+        pending = {item.job_id for item in db.pending_work_items}
+        for path in sorted((exported / "results").glob("*.json")):
+            result = json.loads(path.read_text())
+            if result["job"] not in pending:
+                continue
+            outcome = (TestOutcome.SURVIVED if result["outcome"] == "survived"
+                       else TestOutcome.KILLED)
+            db.set_result(result["job"], WorkResult(
+                worker_outcome=WorkerOutcome.NORMAL, test_outcome=outcome,
+                output=result["output"],
+                diff=(exported / "mutants" / f"{result['job']}.diff").read_text()))
 
 
 def report(module: str) -> tuple[int, int, int]:
@@ -249,20 +339,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help=f"default: {' '.join(TESTS)}")
     parser.add_argument("--run-tests", metavar="MODULE", help=argparse.SUPPRESS)
+    parser.add_argument("--mpiexec", help=argparse.SUPPRESS)   # with --run-tests
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
     parser.add_argument("--report", action="store_true", help="only print the last results")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="mutants at once (tests/mutation/parallel.py); default 1")
+    parser.add_argument("--export", type=Path, metavar="DIR",
+                        help="write the mutants not yet run for parallel.py, elsewhere")
+    parser.add_argument("--import", dest="imported", type=Path, metavar="DIR",
+                        help="record the outcomes parallel.py left in DIR")
     args = parser.parse_args()
     if args.run_tests:
-        sys.exit(run_tests(args.run_tests))
+        sys.exit(run_tests(args.run_tests, args.mpiexec))
     modules = args.modules or list(TESTS)
     unknown = [m for m in modules if m not in TESTS]
     if unknown:
         sys.exit(f"no tests are mapped for {unknown}; add them to TESTS in {__file__}")
     WORK.mkdir(exist_ok=True)
+    if args.export or args.imported:
+        if len(modules) != 1:
+            sys.exit("--export and --import take one module")
+        if args.export:
+            _prepare(modules[0], resume=True, baseline=False)
+            export(modules[0], args.export)
+            return
+        import_results(modules[0], args.imported)
     totals = [0, 0]
     for module in modules:
-        if not args.report:
-            mutate(module, args.resume)
+        if not (args.report or args.imported):
+            mutate(module, args.resume, args.workers)
         killed, survived, _ = report(module)
         totals[0] += killed
         totals[1] += survived
