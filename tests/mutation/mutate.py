@@ -158,6 +158,18 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
                  "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
         ("mpi2", "tests/mpi/test_adasum.py -k optimizer")]),   # op=Adasum's own class
+    # The other bindings' optimizers: torch's Adasum optimizer, the TensorFlow tape and
+    # gradient helpers, and Keras 3's DistributedOptimizer (TensorFlow backend), each
+    # through the MPI tests that train with them.
+    "hvdlite/torch/adasum_optimizer.py": (300, [("mpi2", "tests/mpi/test_adasum.py")]),
+    "hvdlite/tensorflow/tape.py": (300, [
+        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py")]),
+    "hvdlite/tensorflow/gradients.py": (300, [
+        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
+                 "tests/mpi/test_keras_fit.py")]),
+    "hvdlite/keras/optimizer.py": (400, [
+        ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py"),
+        ("mpi2", "tests/mpi/test_keras_elastic.py")]),
     # The backends: their unit tests first, then the real MPI runs of the collectives
     # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
     # limits are for the mutants that deadlock a rank (a wrong tag, peer or segment).
@@ -172,8 +184,11 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # The server at -n 3 as well: a set whose server is not global rank 0 needs 3 ranks.
     "hvdlite/backends/ps.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC,
                                     ("mpi3", "tests/mpi/test_traffic.py")]),
+    # The formula, then the backend at 1 to 8 ranks over the fake communicator (at 2
+    # ranks every loop of the halving, the group sums and the allgather runs once).
     "hvdlite/backends/adasum.py": (300, [
-        ("unit", "tests/unit/test_adasum.py"), ("mpi2", "tests/mpi/test_adasum.py")]),
+        ("unit", "tests/unit/test_adasum.py tests/unit/test_adasum_ranks.py"),
+        ("mpi2", "tests/mpi/test_adasum.py")]),
 }
 
 
@@ -253,8 +268,9 @@ def mutate(module: str, resume: bool, workers: int) -> None:
         config, session = _session(module)
         _cosmic_ray("exec", str(config), str(session))
         return
+    # Results of an interrupted run stay (one file per mutant, named by its job id).
     exported = WORK / f"{_session(module)[1].stem}.parallel"
-    shutil.rmtree(exported, ignore_errors=True)
+    shutil.rmtree(exported / "mutants", ignore_errors=True)
     export(module, exported)
     parallel.run(exported, workers, None)
     import_results(module, exported)

@@ -13,7 +13,8 @@ cosmic-ray, so the middle step runs wherever the tests run (a GPU machine with i
 own Python): copy the tree with DIR in it, run this, bring DIR/results back.
 
 Each worker mutates its own copy of the tree (DIR/trees/K) and runs the module's
-stages there through ``mutate.py --run-tests``, exactly as cosmic-ray would; a
+stages there through ``mutate.py --run-tests``, exactly as cosmic-ray would, after
+the unmutated module's (a failing baseline stops the run: no mutant is judged); a
 stage that fails or runs past the time limit kills the mutant. One result file
 per mutant (DIR/results/JOB.json), so an interrupted run resumes where it stopped.
 """
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a worker's copy of the tree leaves out: other environments and the run's own files.
@@ -46,10 +48,12 @@ def _copy_tree(dest: Path, exported: Path) -> None:
         (dest / ".venv").symlink_to(ROOT / ".venv")
 
 
-def _run_one(tree: Path, plan: dict, job: str, mutant: str, mpiexec: str | None) -> dict:
+def _run_one(tree: Path, plan: dict, job: str, mutant: Optional[str],
+             mpiexec: Optional[str]) -> dict:
+    """One mutant's test command in ``tree`` (no mutant: the unmutated module)."""
     target = tree / plan["module"]
     original = target.read_text()
-    target.write_text(mutant)
+    target.write_text(original if mutant is None else mutant)
     command = [sys.executable, "tests/mutation/mutate.py", "--run-tests", plan["module"]]
     if mpiexec:
         command += ["--mpiexec", mpiexec]
@@ -79,9 +83,19 @@ def run(exported: Path, workers: int, mpiexec: str | None) -> None:
     total, lock, started = len(todo), threading.Lock(), time.monotonic()
     print(f"{plan['module']}: {total} mutants on {workers} workers", flush=True)
 
+    broken: list[str] = []
+
     def work(index: int) -> None:
         tree = exported / "trees" / str(index)
         _copy_tree(tree, exported)
+        # Each copy's baseline first: tests that fail without a mutant (a missing
+        # package, another machine's setup) would count every mutant as killed.
+        baseline = _run_one(tree, plan, "baseline", None, mpiexec)
+        if baseline["outcome"] != "survived":
+            with lock:
+                broken.append(baseline["output"])
+                todo.clear()
+            return
         while True:
             with lock:
                 if not todo:
@@ -99,6 +113,8 @@ def run(exported: Path, workers: int, mpiexec: str | None) -> None:
     for thread in threads:
         thread.join()
     shutil.rmtree(exported / "trees", ignore_errors=True)
+    if broken:
+        sys.exit(f"the tests fail without any mutant in a worker's tree:\n{broken[0]}")
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ at any size in one process (found necessary by make mutate on hvdlite/backends:
 the MPI stages run at 2 ranks, where a ring has one step and nothing is odd).
 
 ``run_ranks`` runs one thread per rank over a :class:`ThreadWorld`, whose
-point-to-point calls behave like MPI's: messages between two ranks with one tag
+point-to-point calls (Isend, Irecv, Send, Recv, Sendrecv) behave like MPI's: messages between two ranks with one tag
 arrive in order, a receive waits for its message (a missing one fails the test
 after ``TIMEOUT`` seconds instead of hanging it), a message longer than the
 receive buffer is an error and a shorter one fills its start. The collectives
@@ -53,6 +53,7 @@ class ThreadWorld:
         self._queues: dict[tuple[int, int, int], queue.Queue] = {}
         self._lock = threading.Lock()
         self.messages = 0
+        self.sent_bytes = [0] * size        # point-to-point bytes each rank sent
         self.collectives = 0                # collective calls, counted once per rank
         self._slots: list[Any] = [None] * size
         self._barrier = threading.Barrier(size)
@@ -83,6 +84,7 @@ class ThreadComm:
         self._check_peer(dest)
         with self.world._lock:
             self.world.messages += 1
+            self.world.sent_bytes[self.rank] += np.asarray(buf).nbytes
         self.world.channel(self.rank, dest, tag).put(np.array(buf, copy=True))
         return Request()
 
@@ -106,6 +108,11 @@ class ThreadComm:
 
     def Recv(self, buf: np.ndarray, source: int, tag: int) -> None:  # noqa: N802
         self.Irecv(buf, source, tag).Wait()
+
+    def Sendrecv(self, sendbuf: np.ndarray, dest: int, sendtag: int,  # noqa: N802
+                 recvbuf: np.ndarray, source: int, recvtag: int) -> None:
+        self.Isend(sendbuf, dest, sendtag)     # buffered: the send never blocks
+        self.Recv(recvbuf, source, recvtag)
 
     # -- collectives -----------------------------------------------------------------
     def _exchange(self, item: Any) -> list[Any]:
