@@ -211,6 +211,7 @@ def test_a_shutdown_asks_for_a_full_round_on_the_global_set_only() -> None:
     def words() -> list[int]:
         """Each set's flag word: NO_FULL_ROUND, or 0 where this rank needs a full round."""
         return [engine._round_vector(engine.registry.member(s))[0] for s in (0, other)]
+
     assert words() == [NO_FULL_ROUND, NO_FULL_ROUND]
     engine.shutdown()
     assert words() == [0, NO_FULL_ROUND]
