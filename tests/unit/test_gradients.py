@@ -1,13 +1,22 @@
 """The gradient bookkeeping shared by every framework's optimizer, without MPI:
-how parameters are split into groups, and when a group is due for reduction."""
+how parameters are split into groups, when a group is due for reduction, which
+settings are refused, what a set of one rank sends, and when GPU gradients leave
+their bucket (stand-in ops, engine and a stand-in GPU tensor record it all)."""
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Iterator, Optional
+
+import numpy as np
 import pytest
 
 import hvdlite as hvd
+from hvdlite.api import adapter as adapters
+from hvdlite.api import runtime
 from hvdlite.api.compression import Compression
-from hvdlite.api.gradients import GradientReducer, plan_groups
-from hvdlite.errors import UsageError
+from hvdlite.api.gradients import AveragerSettings, GradientReducer, check_settings, plan_groups
+from hvdlite.config import Config
+from hvdlite.errors import HvdliteError, UsageError
 
 
 @pytest.mark.parametrize("keys, groups, sizes", [
@@ -80,3 +89,265 @@ def test_a_predivide_factor_splits_average_around_the_sum(predivide: float,
     from hvdlite.api.gradients import scaled_op
     op, prescale, postscale = scaled_op(hvd.Average, predivide, _FourRanks())
     assert (int(op), prescale, postscale) == (int(expected[0]), expected[1], expected[2])
+
+
+# -- the settings every framework refuses alike ---------------------------------------------
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])      # below 1 and above 1
+def test_a_predivide_factor_needs_average(factor: float) -> None:
+    with pytest.raises(UsageError, match="gradient_predivide_factor needs op=Average"):
+        check_settings(1, hvd.Sum, factor)
+    with pytest.raises(UsageError, match="gradient_predivide_factor needs op=Average"):
+        AveragerSettings("DistributedGradientTape", op=hvd.Sum, predivide=factor)
+
+
+@pytest.mark.parametrize("op", [hvd.Min, hvd.Max, hvd.Product, hvd.Adasum])
+def test_gradients_are_reduced_with_average_or_sum_only(op: int) -> None:
+    with pytest.raises(UsageError, match="op=Average or Sum"):
+        check_settings(1, op, 1.0)
+
+
+@pytest.mark.parametrize("op", [hvd.Average, 0])    # 0: Average given as its integer value
+@pytest.mark.parametrize("factor", [0.5, 1.0, 2.0])
+def test_average_takes_any_predivide_factor_and_sum_none(op: int, factor: float) -> None:
+    check_settings(1, op, factor)
+    check_settings(3, hvd.Sum, 1.0)
+    check_settings(1, 1, 1.0)                        # Sum as its integer value
+
+
+def test_an_averager_keeps_its_compression_and_has_horovods_defaults() -> None:
+    assert AveragerSettings("x", compression=Compression.fp16).compression is Compression.fp16
+    unset = AveragerSettings("x", compression=None)  # type: ignore[arg-type]
+    assert unset.compression is Compression.none
+    # A DistributedGradientTape's defaults (every binding in the tree passes them
+    # explicitly, but the dataclass is what a new binding builds on).
+    settings = AveragerSettings("x")
+    assert (settings.compression, settings.sparse_as_dense, settings.op, settings.predivide,
+            settings.groups, settings.process_set) == (
+        Compression.none, False, hvd.Average, 1.0, None, None)
+
+
+# -- stand-ins: the ops, the engine, a GPU tensor of whole bytes -----------------------------
+
+class _GpuTensor:
+    """A GPU tensor stand-in: ``nbytes`` bytes of uint8, on "cuda:0"."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.array = np.zeros(nbytes, np.uint8)
+
+
+class _GpuAdapter(adapters.TensorAdapter):
+    framework = "stand-in-gpu"
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, _GpuTensor)
+
+    def to_array(self, tensor: Any) -> Any:
+        return tensor.array
+
+    def device(self, tensor: Any) -> str:
+        return "cuda:0"
+
+
+class _Engine:
+    """Records each ``together`` batch: the names started inside it."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.current: Optional[list[str]] = None
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        self.current = []
+        yield
+        self.batches.append(self.current)
+        self.current = None
+
+
+class _Job:
+    """A reducer's world: what was started (name, batched?, scaling), what synchronized."""
+
+    def __init__(self) -> None:
+        self.engine = _Engine()
+        self.started: list[tuple[str, bool, dict]] = []
+        self.synchronized: list[int] = []
+        self.refuse: set[str] = set()      # names whose submission raises
+
+    def allreduce_async_(self, wire: Any, name: str, **scaling: Any) -> int:
+        if name in self.refuse:
+            raise UsageError(f"{name} refused")
+        self.started.append((name, self.engine.current is not None, scaling))
+        if self.engine.current is not None:
+            self.engine.current.append(name)
+        return len(self.started)
+
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.started]
+
+    def reducer(self, keys: str = "abcde", groups: object = None, passes: int = 1,
+                predivide: float = 1.0, process_set: Optional[hvd.ProcessSet] = None,
+                compression: Any = Compression.none) -> GradientReducer:
+        ops = {"allreduce_async_": self.allreduce_async_,
+               "synchronize": self.synchronized.append}
+        return GradientReducer(ops, {k: k for k in keys}, compression, passes, hvd.Average,
+                               predivide, process_set, plan_groups(list(keys), groups))
+
+
+BUCKET_BYTES = 10
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> _Job:
+    """Two ranks, HVDLITE_GPU_BUCKET_BYTES=10, the stand-in GPU adapter registered."""
+    made = _Job()
+    monkeypatch.setattr(adapters, "_REGISTERED", [_GpuAdapter()] + adapters._REGISTERED)
+    monkeypatch.setattr(runtime, "size", lambda: 2)
+    monkeypatch.setattr(runtime, "rank", lambda: 0)
+    monkeypatch.setattr(runtime, "engine", lambda what="": made.engine)
+    monkeypatch.setattr(runtime, "config",
+                        lambda: Config.load({}, gpu_bucket_bytes=BUCKET_BYTES))
+    return made
+
+
+def _backward(reducer: GradientReducer, keys: str) -> None:
+    """What a binding's gradient hook does: count the pass, submit what is due."""
+    for key in keys:
+        for due in reducer.ready(key):
+            reducer.submit(due, np.ones(2, np.float32))
+
+
+# -- a set of one rank ---------------------------------------------------------------------
+
+def test_on_one_rank_nothing_is_sent_without_a_predivide_factor(job: _Job,
+                                                                 monkeypatch: Any) -> None:
+    monkeypatch.setattr(runtime, "size", lambda: 1)
+    for process_set in (None, hvd.ProcessSet([0])):   # the one-rank world, a one-rank set
+        reducer = job.reducer(process_set=process_set, compression=Compression.fp16)
+        grad = np.arange(3, dtype=np.float32)
+        reducer.submit("a", grad)
+        stored: list = []
+        reducer.wait_all(lambda g, restored: stored.append(restored))
+        assert job.started == [] and job.synchronized == [] and stored == []
+        assert reducer.pending == {}
+
+
+@pytest.mark.parametrize("factor", [0.5, 3.0])
+def test_on_one_rank_a_predivide_factor_is_still_applied(job: _Job, factor: float) -> None:
+    reducer = job.reducer(predivide=factor, process_set=hvd.ProcessSet([0]))
+    reducer.submit("a", np.ones(3, np.float32))
+    (name, _, scaling), = job.started
+    assert name == "allreduce.a"
+    assert (int(scaling["op"]), scaling["prescale_factor"], scaling["postscale_factor"]) == (
+        int(hvd.Sum), 1.0 / factor, factor / 1)
+    reducer.wait_all(lambda g, restored: None)
+    assert job.synchronized == [1]
+
+
+# -- when a key is due ---------------------------------------------------------------------
+
+def test_a_second_backward_before_step_is_refused_though_a_group_was_incomplete(
+        job: _Job) -> None:
+    reducer = job.reducer(keys="ab", groups=[["a", "b"]])
+    _backward(reducer, "a")                # b has no gradient this pass: the group waits
+    assert job.started == []
+    with pytest.raises(HvdliteError, match="more than backward_passes_per_step=1 times"):
+        _backward(reducer, "ab")           # a second backward() without step()
+
+
+def test_a_group_of_hundreds_of_parameters_is_due_when_the_last_is_ready() -> None:
+    keys = [f"p{i}" for i in range(300)]    # counts past the small integers CPython shares
+    ops = {"allreduce_async_": None, "synchronize": None}
+    reducer = GradientReducer(ops, {k: k for k in keys}, Compression.none, 1, hvd.Average,
+                              1.0, None, plan_groups(keys, 1))
+    assert all(reducer.ready(k) == [] for k in keys[:-1])
+    assert reducer.ready(keys[-1]) == keys
+
+
+# -- GPU buckets and CPU gradients ---------------------------------------------------------
+
+def test_a_gpu_bucket_leaves_exactly_when_it_reaches_its_byte_count(job: _Job) -> None:
+    reducer = job.reducer(keys="abcdefghijk")
+    for step in range(2):
+        # Bytes count from zero in each bucket and each step: 9 of 10 wait, the 10th sends.
+        for key, nbytes, flushed in (("a", 4, []), ("b", 5, []), ("c", 1, ["a", "b", "c"]),
+                                     ("d", 9, []), ("e", 1, ["d", "e"]), ("f", 3, [])):
+            job.engine.batches.clear()
+            reducer.submit(key, _GpuTensor(nbytes))
+            expected = [[f"allreduce.{k}" for k in flushed]] if flushed else []
+            assert job.engine.batches == expected, (step, key)
+        job.engine.batches.clear()
+        reducer.wait_all(lambda g, restored: None)     # the partial bucket goes at synchronize
+        assert job.engine.batches == [["allreduce.f"]] and reducer.pending == {}
+    assert len(job.synchronized) == 12
+
+
+def test_cpu_gradients_start_at_submit_outside_any_bucket(job: _Job) -> None:
+    reducer = job.reducer()
+    for key, grad in (("a", np.ones(4, np.float32)), ("b", np.ones(0, np.float32)),
+                      ("c", np.ones(100, np.float64))):   # 0 bytes, then beyond a bucket
+        reducer.submit(key, grad)
+        assert job.names()[-1] == f"allreduce.{key}"
+    assert job.engine.batches == [] and not any(batched for _, batched, _ in job.started)
+    reducer.wait_all(lambda g, restored: None)
+    assert job.engine.batches == [] and job.synchronized == [1, 2, 3]
+
+
+class _HostTensor:
+    def __init__(self, device_type: str) -> None:
+        self.array = np.ones(4, np.float32)
+        self.device_type = device_type
+
+
+class _ReadsItsDeviceAdapter(_GpuAdapter):
+    """An adapter that reports the device name its framework gives it, as a string built
+    at run time (equal to "cpu", not the same object as the literal)."""
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, _HostTensor)
+
+    def device(self, tensor: Any) -> str:
+        return tensor.device_type
+
+
+def test_a_device_reported_as_cpu_is_compared_by_value(job: _Job, monkeypatch: Any) -> None:
+    monkeypatch.setattr(adapters, "_REGISTERED", [_ReadsItsDeviceAdapter()] + adapters._REGISTERED)
+    name, literal = "".join(["c", "p", "u"]), "cpu"
+    assert name == literal and name is not literal      # equal, not the same object
+    reducer = job.reducer()
+    reducer.submit("a", _HostTensor(name))
+    assert job.names() == ["allreduce.a"] and job.engine.batches == []
+
+
+def test_a_refused_cpu_gradient_raises_at_submit_and_is_not_left_pending(job: _Job) -> None:
+    job.refuse.add("allreduce.b")
+    reducer = job.reducer()
+    reducer.submit("a", np.ones(4, np.float32))
+    with pytest.raises(UsageError, match="allreduce.b refused"):
+        reducer.submit("b", np.ones(4, np.float32))
+    assert list(reducer.pending) == ["a"]    # zero_grad() and the next backward see only a
+
+
+def test_a_refused_bucket_fails_synchronize_without_taking_other_ops_handles(
+        job: _Job) -> None:
+    from hvdlite.core.handles import HandleTable
+    table = HandleTable()                    # the engine's: handles count from 0
+    mine = [table.create(), table.create()]  # two async ops of the script's own, not waited yet
+    for handle in mine:
+        table.complete(handle, f"result {handle}")
+
+    def allreduce_async_(wire: Any, name: str, **_: Any) -> int:
+        if name == "allreduce.a":
+            raise UsageError("allreduce.a refused")
+        handle = table.create()
+        table.complete(handle, None)
+        return handle
+
+    reducer = GradientReducer({"allreduce_async_": allreduce_async_, "synchronize": table.wait},
+                              {"a": "a", "b": "b"}, Compression.none, 1, hvd.Average, 1.0,
+                              None, ({}, []))
+    reducer.submit("a", _GpuTensor(4))
+    with pytest.raises(UsageError, match="allreduce.a refused"):
+        reducer.submit("b", _GpuTensor(BUCKET_BYTES))     # fills the bucket: a is refused
+    with pytest.raises(HvdliteError):
+        reducer.wait_all(lambda g, restored: None)    # a and b were never started
+    assert [table.wait(h) for h in mine] == ["result 0", "result 1"]

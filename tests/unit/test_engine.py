@@ -1,0 +1,230 @@
+"""The engine in one process, at one rank (tests/unit/engine_rig.py): its idle
+schedule, what counts as work, what its set-up decides, and the rounds it runs
+(the fast path and full rounds). The tests drive a set-up engine's iterations
+from the test thread. What the engine would do to the process or the job (the
+exit guard, os._exit, MPI_Abort) is recorded instead (the ``world`` fixture)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hvdlite.core import engine as engine_module
+from hvdlite.core import stall
+from hvdlite.core.registry import NO_FULL_ROUND
+from hvdlite.errors import HvdliteError, MismatchError
+from tests.unit import engine_rig
+from tests.unit.engine_rig import (Bell, FullRounds, Records, Work, allreduce, engine_at_one_rank,
+                                   marker, outcome, second_set, set_up)
+
+pytestmark = pytest.mark.timeout(60)
+world, log = engine_rig.world, engine_rig.log   # fixtures
+
+
+# -- the idle schedule -------------------------------------------------------------------
+def test_an_idle_engine_waits_a_cycle_then_twice_as_long_each_time_up_to_eight() -> None:
+    engine = set_up(cycle_time=3.0)
+    engine._doorbell = bell = Bell()
+    for _ in range(6):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.003, 0.006, 0.012, 0.024, 0.024, 0.024], rel=1e-9)
+    assert bell.ready_answers == [False] * 6      # each wait asks whether work came meanwhile
+
+
+def test_work_wakes_an_idle_engine_at_once_and_its_next_wait_is_one_cycle_again() -> None:
+    engine = set_up(cycle_time=2.0)
+    engine._doorbell = bell = Bell()
+    for _ in range(3):
+        engine._iteration()
+    handle = engine.submit(allreduce("a"))
+    engine._iteration()
+    assert len(bell.waits) == 3                   # work was there: no wait at all
+    np.testing.assert_array_equal(outcome(engine, handle), [1.0, 2.0, 3.0])
+    engine._iteration()
+    engine._iteration()
+    assert bell.waits[3:] == pytest.approx([0.002, 0.004], rel=1e-9)
+
+
+@pytest.mark.parametrize("work", ["queued", "pending", "backend busy", "shutdown"])
+def test_each_kind_of_work_alone_keeps_the_engine_from_waiting(work: str) -> None:
+    engine = set_up()
+    engine._doorbell = bell = Bell()
+    engine._wait_for_work()
+    assert len(bell.waits) == 1                   # nothing to do: it waits
+    if work == "queued":
+        engine.submit(allreduce("a"))
+    elif work == "pending":                       # submitted, waiting for agreement
+        engine.submit(allreduce("a"))
+        engine._drain_queue()
+        assert not engine._queue
+    elif work == "backend busy":
+        engine.executor._after(Work(), lambda: None, None)
+    else:
+        engine.shutdown()
+    engine._wait_for_work()
+    assert len(bell.waits) == 1
+
+
+def test_work_a_backend_finishes_later_completes_at_the_next_iteration() -> None:
+    engine = set_up()
+    handle = engine.handles.create()
+    work = Work()
+    engine.executor._after(work, lambda: engine.handles.complete(handle, "result"), None)
+    assert engine._iteration()
+    assert not engine.handles.poll(handle)
+    work.finished = True
+    assert engine._iteration()
+    assert outcome(engine, handle) == "result"
+
+
+# -- what the set-up decides ---------------------------------------------------------------
+def test_with_a_report_the_engine_clocks_the_wait_for_agreement(tmp_path: Any) -> None:
+    engine = set_up(report=str(tmp_path))
+    engine.submit(allreduce("a"))
+    assert engine._iteration()
+    clock = engine.peer_wait
+    assert clock is not None
+    assert clock.since is None and clock.total > 0   # opened at submission, closed once agreed
+
+
+def test_without_a_report_nothing_is_clocked() -> None:
+    engine = set_up()
+    engine.submit(allreduce("a"))
+    assert engine._iteration() and engine.peer_wait is None
+
+
+def test_rank_0_writes_the_timeline(tmp_path: Any) -> None:
+    path = tmp_path / "timeline.json"
+    engine = set_up(timeline=str(path))
+    assert engine.timeline is not None
+    engine.submit(allreduce("a"))
+    assert engine._iteration()
+    engine.shutdown()
+    assert engine.timeline is None                # closed
+    events = json.loads(path.read_text())
+    assert {"negotiate"} <= {e["name"] for e in events if e.get("args", {}).get("tensor") == "a"}
+
+
+def test_other_ranks_write_no_timeline(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = engine_module.detect
+    monkeypatch.setattr(engine_module, "detect",
+                        lambda comm: dataclasses.replace(real(comm), rank=1, size=2))
+    engine = set_up(timeline=str(tmp_path / "timeline.json"))
+    assert engine.topology.rank == 1
+    assert engine.timeline is None and not (tmp_path / "timeline.json").exists()
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_the_exit_guard_is_started_only_when_asked_for(guard: bool, world: SimpleNamespace) -> None:
+    set_up(exit_guard=guard, peer_timeout=7.0)
+    assert world.spawned == ([(os.environ, 7.0)] if guard else [])
+
+
+def test_a_failed_set_up_is_raised_by_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_topology(comm: Any) -> Any:
+        raise ValueError("no topology")
+
+    monkeypatch.setattr(engine_module, "detect", no_topology)
+    engine = engine_at_one_rank()
+    escaped: list[BaseException] = []
+
+    def watched() -> None:
+        """The engine thread's body; an exception escaping it would leave start() waiting."""
+        try:
+            engine._main()
+        except BaseException as exc:  # noqa: BLE001
+            escaped.append(exc)
+            engine._ready.set()
+
+    engine._thread = threading.Thread(target=watched, daemon=True)
+    with pytest.raises(HvdliteError) as raised:
+        engine.start()
+    assert escaped == []
+    assert type(raised.value) is HvdliteError
+    assert str(raised.value) == "hvdlite.init() failed: ValueError('no topology')"
+    assert isinstance(raised.value.__cause__, ValueError)
+
+
+# -- rounds: the fast path and full rounds ---------------------------------------------------
+def test_a_collective_agreed_once_is_agreed_again_without_a_full_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = set_up()
+    rounds = FullRounds(engine, monkeypatch)
+    engine.submit(allreduce("a"))
+    assert engine._iteration()
+    assert rounds.sets == [0]
+    cache = engine.registry.member(0).cache
+    version = cache.version
+    for step in range(2):
+        handle = engine.submit(allreduce("a", values=(step, step, step)))
+        assert engine._iteration()
+        np.testing.assert_array_equal(outcome(engine, handle), [step] * 3)
+    assert rounds.sets == [0]                    # no second full round
+    assert cache.version == version              # the fast path leaves every bit's meaning
+
+
+def test_an_idle_engine_runs_no_full_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = set_up()
+    second_set(engine)
+    rounds = FullRounds(engine, monkeypatch)
+    for _ in range(3):
+        assert engine._iteration()
+    assert rounds.sets == []
+
+
+def test_each_pending_tensor_is_reported_with_how_long_it_has_waited(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = set_up()
+    rounds = FullRounds(engine, monkeypatch)
+    request = allreduce("a")
+    request.submitted_at -= 5.0                   # submitted five seconds ago
+    engine.submit(request)
+    assert engine._iteration()
+    ((set_id, report),) = rounds.sent
+    ((desc, age),) = report.descs
+    assert set_id == 0 and desc == request.desc and not report.shutdown
+    assert 5.0 <= age <= time.monotonic() - request.submitted_at
+
+
+def test_a_failed_collective_does_not_hold_up_those_agreed_after_it() -> None:
+    engine = set_up()
+    bad = engine.submit(marker("bad", "dtype int8 is not supported"))
+    good = engine.submit(allreduce("good"))
+    assert engine._iteration()                    # both agreed in this one round, bad first
+    error = outcome(engine, bad)
+    assert isinstance(error, MismatchError) and str(error).startswith("rank 0: ")
+    assert "dtype int8 is not supported" in str(error)
+    np.testing.assert_array_equal(outcome(engine, good), [1.0, 2.0, 3.0])
+
+
+def test_a_shutdown_asks_for_a_full_round_on_the_global_set_only() -> None:
+    engine = set_up()
+    other = second_set(engine)
+
+    def words() -> list[int]:
+        """Each set's flag word: NO_FULL_ROUND, or 0 where this rank needs a full round."""
+        return [engine._round_vector(engine.registry.member(s))[0] for s in (0, other)]
+
+    assert words() == [NO_FULL_ROUND, NO_FULL_ROUND]
+    engine.shutdown()
+    assert words() == [0, NO_FULL_ROUND]
+
+
+def test_a_stall_error_held_behind_a_stuck_round_is_logged_once(log: Records) -> None:
+    engine = set_up()
+    engine._stall_messages[0] = "Stall: tensor 'a'."
+    for _ in range(2):
+        engine._while_waiting(0.0, 0.0)           # each tick of a round that does not complete
+    assert [r.getMessage() for r in log.records] == [f"Stall: tensor 'a'. {stall.STUCK_ROUND_NOTE}"]
+    del engine._stall_messages[0]                  # delivered by a full round
+    engine._while_waiting(0.0, 0.0)
+    engine._stall_messages[0] = "Stall: tensor 'b'."
+    engine._while_waiting(0.0, 0.0)
+    assert len(log.records) == 2 and log.records[1].getMessage().startswith("Stall: tensor 'b'.")
