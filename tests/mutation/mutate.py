@@ -127,12 +127,14 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
                  "-k not(guard)and(not(sys_exit))"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
-    # The engine runs only under MPI, so every mutant costs mpiexec runs (minutes each
-    # on 2 cores: use --workers, or --export to a machine with cores to spare). Rounds,
+    # The engine at one rank in the test process first (tests/unit/engine_rig.py: a real
+    # Engine over COMM_SELF, stepped one iteration at a time; found necessary by make
+    # mutate: with only MPI stages each mutant cost minutes of mpiexec runs). Then rounds,
     # the response cache, errors, process sets and reconfiguration at -n 2; the
     # overlapping sets at -n 3; then whole jobs: crashes, stalls, shutdowns, lost peers,
     # the timeline and the report.
     "hvdlite/core/engine.py": (150, [
+        ("unit", "tests/unit/test_engine.py tests/unit/test_engine_stop.py"),
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
                  "tests/mpi/test_process_set_registry.py"),
         ("mpi2", "tests/mpi/test_collectives.py tests/mpi/test_bad_inputs.py "
