@@ -2,6 +2,7 @@
 request remembers until the cache changes (found by make mutate on core/cache.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hvdlite.core.cache import ResponseCache
@@ -43,3 +44,25 @@ def test_a_request_remembers_its_bit_until_the_cache_changes() -> None:
     cache.insert(Response(desc=_desc("b")), _desc("b"))
     cache.insert(Response(desc=_desc("c")), _desc("c"))           # evicts a
     assert cache.bit_for(request) is None and calls[-1] == "a"
+
+
+def test_a_negative_capacity_is_refused() -> None:
+    for capacity in (-1, -2):
+        with pytest.raises(ValueError, match="capacity must be >= 0"):
+            ResponseCache(capacity)
+
+
+@pytest.mark.parametrize("shape", [(2,), (8,), (4, 1)])
+def test_a_descriptor_that_differs_either_way_finds_no_bit(shape: tuple[int, ...]) -> None:
+    # Descriptors are tuples: a mismatch must be found whichever of the two sorts first.
+    cache = ResponseCache(4)
+    cache.insert(Response(desc=_desc("a")), _desc("a"))
+    assert cache.lookup(_desc("a")) == 0
+    assert cache.lookup(_desc("a")._replace(shape=shape)) is None
+
+
+def test_set_bits_ors_a_bit_named_twice() -> None:
+    vector = np.zeros(2, dtype=np.uint64)
+    ResponseCache.set_bits([5, 5, 70, 70, 70], vector)
+    assert vector.tolist() == [1 << 5, 1 << 6]
+    assert ResponseCache.bits_of(vector) == [5, 70]
