@@ -11,14 +11,16 @@ missing gradient, sparse gradients) stays in the binding.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 from hvdlite.api import runtime
 from hvdlite.api.adapter import adapter_for
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.submission import together
+from hvdlite.api.submission import submit_group
 from hvdlite.api.compression import Compression, Compressor
+from hvdlite.core.requests import Kind
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
 
@@ -173,21 +175,38 @@ class GradientReducer:
         if self._bucket_bytes >= cap:
             self.flush()
 
+    def _name(self, key: Key) -> str:
+        return f"allreduce.{self.names[key]}"
+
     def _start(self, key: Key, wire: Any) -> int:
         op, prescale, postscale = scaled_op(self._op, self._predivide, self._process_set)
-        return self._allreduce_async_(wire, name=f"allreduce.{self.names[key]}", op=op,
+        return self._allreduce_async_(wire, name=self._name(key), op=op,
                                       prescale_factor=prescale, postscale_factor=postscale,
                                       process_set=self._process_set)
 
+    def _start_bucketed(self, key: Key) -> int:
+        _, grad, wire, context = self.pending[key]
+        handle = self._start(key, wire)
+        self.pending[key] = (handle, grad, wire, context)
+        return handle
+
     def flush(self) -> None:
-        """Hand the bucket's gradients to the engine together (HVDLITE_GPU_BUCKET_BYTES)."""
+        """Hand the bucket's gradients to the engine together (HVDLITE_GPU_BUCKET_BYTES).
+
+        If one is refused, it and the ones after it are not pending, as a refused CPU
+        gradient is not, and the peers are told to fail them rather than wait; the
+        ones started before it stay pending."""
         bucket, self._bucket, self._bucket_bytes = self._bucket, [], 0
         if not bucket:
             return
-        with together("DistributedOptimizer"):
+        try:
+            submit_group("DistributedOptimizer", Kind.ALLREDUCE, self._process_set,
+                         [(self._name(key), functools.partial(self._start_bucketed, key))
+                          for key in bucket])
+        finally:
             for key in bucket:
-                _, grad, wire, context = self.pending[key]
-                self.pending[key] = (self._start(key, wire), grad, wire, context)
+                if self.pending[key][0] == _IN_BUCKET:
+                    del self.pending[key]
 
     def _alone(self) -> bool:
         return reduces_nothing(self._process_set, self._predivide)

@@ -5,6 +5,7 @@ their bucket (stand-in ops, engine and a stand-in GPU tensor record it all)."""
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -152,9 +153,17 @@ class _GpuAdapter(adapters.TensorAdapter):
 class _Engine:
     """Records each ``together`` batch: the names started inside it."""
 
+    dead = None
+
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.current: Optional[list[str]] = None
+        self.markers: list[tuple[str, str]] = []     # (name, error) told to the peers
+
+    def submit(self, request: Any) -> int:
+        assert request.desc.error, "only error markers reach the stand-in engine"
+        self.markers.append((request.desc.name, request.desc.error))
+        return -1
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -204,6 +213,8 @@ def job(monkeypatch: pytest.MonkeyPatch) -> _Job:
     monkeypatch.setattr(runtime, "size", lambda: 2)
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     monkeypatch.setattr(runtime, "engine", lambda what="": made.engine)
+    monkeypatch.setattr(runtime.RUNTIME, "engine", made.engine)
+    monkeypatch.setattr(runtime.RUNTIME, "topology", SimpleNamespace(size=2))
     monkeypatch.setattr(runtime, "config",
                         lambda: Config.load({}, gpu_bucket_bytes=BUCKET_BYTES))
     return made
@@ -348,6 +359,23 @@ def test_a_refused_bucket_fails_synchronize_without_taking_other_ops_handles(
     reducer.submit("a", _GpuTensor(4))
     with pytest.raises(UsageError, match="allreduce.a refused"):
         reducer.submit("b", _GpuTensor(BUCKET_BYTES))     # fills the bucket: a is refused
-    with pytest.raises(HvdliteError):
-        reducer.wait_all(lambda g, restored: None)    # a and b were never started
+    # Neither was started: neither is pending (as for a refused CPU gradient), and the
+    # peers are told that b failed here rather than waiting for it.
+    assert reducer.pending == {}
+    assert job.engine.markers == [("allreduce.b", "allreduce.a refused")]
+    reducer.wait_all(lambda g, restored: None)
     assert [table.wait(h) for h in mine] == ["result 0", "result 1"]
+
+
+def test_a_refusal_inside_a_bucket_keeps_the_gradients_started_before_it(job: _Job) -> None:
+    reducer = job.reducer()
+    job.refuse.add("allreduce.b")
+    reducer.submit("a", _GpuTensor(3))
+    reducer.submit("b", _GpuTensor(3))
+    with pytest.raises(UsageError, match="allreduce.b refused"):
+        reducer.submit("c", _GpuTensor(4))        # 10 bytes: the bucket goes, b is refused
+    assert job.names() == ["allreduce.a"] and list(reducer.pending) == ["a"]
+    assert job.engine.markers == [("allreduce.c", "allreduce.b refused")]
+    job.refuse.clear()
+    reducer.wait_all(lambda g, restored: None)    # a is waited for; nothing else is
+    assert job.synchronized == [1] and reducer.pending == {}
