@@ -9,12 +9,14 @@ after ``TIMEOUT`` seconds instead of hanging it), a message longer than the
 receive buffer is an error and a shorter one fills its start. The collectives
 that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
 Alltoallv, Reduce_scatter) are exchanges through a shared slot per rank between
-two barriers, with MPI's semantics computed by NumPy, reducing in rank order;
+two barriers, with MPI's semantics computed by NumPy, reducing in rank order
+(and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
 a count that does not match the buffers is an error, as MPI would truncate.
 :class:`RecordingComm` records the collectives called on it and does nothing.
 """
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 from types import SimpleNamespace
@@ -119,6 +121,13 @@ class ThreadComm:
         items = list(world._slots)
         world._barrier.wait(TIMEOUT)        # nobody overwrites a slot still being read
         return items
+
+    # Lower case: mpi4py's pickled objects (each rank gets its own copy).
+    def allgather(self, item: Any) -> list[Any]:
+        return copy.deepcopy(self._exchange(item))
+
+    def bcast(self, item: Any, root: int = 0) -> Any:
+        return copy.deepcopy(self._exchange(item if self.rank == root else None)[root])
 
     def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any) -> None:  # noqa: N802
         data = recvbuf if sendbuf is MPI.IN_PLACE else np.asarray(sendbuf)
