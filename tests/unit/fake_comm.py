@@ -11,7 +11,8 @@ that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
 Alltoallv, Reduce_scatter) are exchanges through a shared slot per rank between
 two barriers, with MPI's semantics computed by NumPy, reducing in rank order
 (and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
-a count that does not match the buffers is an error, as MPI would truncate.
+a count that does not match the buffers is an error, as MPI would truncate,
+and so are overlapping send and receive buffers of Allgatherv and Alltoallv.
 :class:`RecordingComm` records the collectives called on it and does nothing.
 """
 from __future__ import annotations
@@ -147,6 +148,7 @@ class ThreadComm:
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send = _array(sendbuf).reshape(-1)
         recv, (counts, displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        _not_aliased(send, recv, self.rank)
         pieces = self._exchange(send.copy())
         for source, piece in enumerate(pieces):
             _place(recv, displs[source], counts[source], piece, self.rank, source)
@@ -154,6 +156,7 @@ class ThreadComm:
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send, (send_counts, send_displs) = _array(sendbuf).reshape(-1), sendbuf[1]
         recv, (recv_counts, recv_displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        _not_aliased(send, recv, self.rank)
         sent = self._exchange((send.copy(), list(send_counts), list(send_displs)))
         for source, (data, counts, displs) in enumerate(sent):
             piece = data[displs[self.rank]: displs[self.rank] + counts[self.rank]]
@@ -185,6 +188,13 @@ def _reduce(items: list[np.ndarray], op: Any) -> np.ndarray:
     for item in items[1:]:
         ufunc(result, item, out=result)
     return result
+
+
+def _not_aliased(send: np.ndarray, recv: np.ndarray, rank: int) -> None:
+    """MPI forbids overlapping send and receive buffers (MPICH rejects equal pointers;
+    other overlaps are silently wrong): this fake copies first, so it must check."""
+    if send.size and recv.size and np.shares_memory(send, recv):
+        raise ValueError(f"rank {rank}: the send and receive buffers overlap")
 
 
 def _array(spec: Any) -> np.ndarray:

@@ -271,8 +271,9 @@ def test_allgather_of_uneven_first_dimensions(gpu: SimpleNamespace, size: int,
 
 
 def alltoall_block(source: int, dest: int) -> np.ndarray:
-    """What rank ``source`` sends rank ``dest``: (source + dest) % 3 bytes."""
-    return np.full((source + dest) % 3, 16 * source + dest, np.uint8)
+    """What rank ``source`` sends rank ``dest``: (2 source + dest) % 3 bytes, so that
+    what a rank sends a peer and receives from it differ in length."""
+    return np.full((2 * source + dest) % 3, 16 * source + dest, np.uint8)
 
 
 @pytest.mark.parametrize("size", SIZES)
