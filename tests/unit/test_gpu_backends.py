@@ -173,6 +173,7 @@ def test_nccl_allreduce_each_op_in_place(gpu: SimpleNamespace, size: int,
 def test_nccl_allreduce_many_in_groups_of_group_ops(gpu: SimpleNamespace, size: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Seven tensors of mixed dtypes in groups of 3 (at most 3 per NCCL group)."""
+    assert 0 < gpu.nccl._GROUP_OPS <= fake_nccl.MAX_GROUP_OPS     # what older NCCL accepts
     monkeypatch.setattr(gpu.nccl, "_GROUP_OPS", 3)
     monkeypatch.setattr(fake_nccl, "MAX_GROUP_OPS", 3)
     dtypes = [F32, F16, BF16, np.dtype(np.int32), F32, np.dtype(np.float64), np.dtype(np.int8)]
