@@ -29,6 +29,8 @@ class _Pinned:
         self._nbytes = 0
 
     def view(self, dtype: np.dtype, count: int, offset_bytes: int = 0) -> np.ndarray:
+        if count == 0:       # nothing to stage (a rank with no rows): no memory may exist yet
+            return np.empty(0, dtype)
         need = offset_bytes + count * np.dtype(dtype).itemsize
         if need > self._nbytes:
             self._nbytes = max(need, 2 * self._nbytes)

@@ -50,6 +50,9 @@ _UNIT_PLANNING = ("unit", "tests/unit/test_planning.py")
 # The host backends at every size in one process (threads over a fake communicator):
 # a second, and it kills most backend mutants, hangs included, before any mpiexec.
 _UNIT_BACKENDS = ("unit", "tests/unit/test_backends.py tests/unit/test_planning.py")
+# The GPU backends under a fake CuPy and NCCL (tests/unit/fake_cupy.py, fake_nccl.py), every
+# rank a thread over the fake communicator: seconds, no GPU.
+_UNIT_GPU = ("unit", "tests/unit/test_gpu_backends.py tests/unit/test_gpu_staged.py")
 _MPI_REDUCE = ("mpi2", "tests/mpi/test_scaling.py tests/mpi/test_allreduce.py "
                        "tests/mpi/test_collectives.py")
 _MPI_TRAFFIC = ("mpi2", "tests/mpi/test_traffic.py")
@@ -191,6 +194,13 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/backends/adasum.py": (300, [
         ("unit", "tests/unit/test_adasum.py tests/unit/test_adasum_ranks.py"),
         ("mpi2", "tests/mpi/test_adasum.py")]),
+    # The GPU path: only its unit tests judge it. The real GPU tests (tests/mpi/test_gpu_torch.py,
+    # test_gpu_tf.py) need a GPU and CuPy, and are not a stage: without them they skip, and a
+    # skip kills nothing. On a machine with a GPU, run them by hand on the survivors.
+    "hvdlite/backends/gpu.py": (60, [_UNIT_GPU]),
+    "hvdlite/backends/cuda.py": (60, [_UNIT_GPU]),
+    "hvdlite/backends/nccl.py": (60, [_UNIT_GPU]),
+    "hvdlite/backends/staged.py": (60, [_UNIT_GPU]),
 }
 
 

@@ -9,12 +9,15 @@ after ``TIMEOUT`` seconds instead of hanging it), a message longer than the
 receive buffer is an error and a shorter one fills its start. The collectives
 that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
 Alltoallv, Reduce_scatter) are exchanges through a shared slot per rank between
-two barriers, with MPI's semantics computed by NumPy, reducing in rank order;
-a count that does not match the buffers is an error, as MPI would truncate.
+two barriers, with MPI's semantics computed by NumPy, reducing in rank order
+(and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
+a count that does not match the buffers is an error, as MPI would truncate,
+and so are overlapping send and receive buffers of Allgatherv and Alltoallv.
 :class:`RecordingComm` records the collectives called on it and does nothing.
 """
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 from types import SimpleNamespace
@@ -127,6 +130,13 @@ class ThreadComm:
         world._barrier.wait(TIMEOUT)        # nobody overwrites a slot still being read
         return items
 
+    # Lower case: mpi4py's pickled objects (each rank gets its own copy).
+    def allgather(self, item: Any) -> list[Any]:
+        return copy.deepcopy(self._exchange(item))
+
+    def bcast(self, item: Any, root: int = 0) -> Any:
+        return copy.deepcopy(self._exchange(item if self.rank == root else None)[root])
+
     def Allreduce(self, sendbuf: Any, recvbuf: np.ndarray, op: Any) -> None:  # noqa: N802
         data = recvbuf if sendbuf is MPI.IN_PLACE else np.asarray(sendbuf)
         if data.dtype != recvbuf.dtype or data.size != recvbuf.size:
@@ -145,6 +155,7 @@ class ThreadComm:
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send = _array(sendbuf).reshape(-1)
         recv, (counts, displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        _not_aliased(send, recv, self.rank)
         pieces = self._exchange(send.copy())
         for source, piece in enumerate(pieces):
             _place(recv, displs[source], counts[source], piece, self.rank, source)
@@ -152,6 +163,7 @@ class ThreadComm:
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         send, (send_counts, send_displs) = _array(sendbuf).reshape(-1), sendbuf[1]
         recv, (recv_counts, recv_displs) = _array(recvbuf).reshape(-1), recvbuf[1]
+        _not_aliased(send, recv, self.rank)
         sent = self._exchange((send.copy(), list(send_counts), list(send_displs)))
         for source, (data, counts, displs) in enumerate(sent):
             piece = data[displs[self.rank]: displs[self.rank] + counts[self.rank]]
@@ -183,6 +195,13 @@ def _reduce(items: list[np.ndarray], op: Any) -> np.ndarray:
     for item in items[1:]:
         ufunc(result, item, out=result)
     return result
+
+
+def _not_aliased(send: np.ndarray, recv: np.ndarray, rank: int) -> None:
+    """MPI forbids overlapping send and receive buffers (MPICH rejects equal pointers;
+    other overlaps are silently wrong): this fake copies first, so it must check."""
+    if send.size and recv.size and np.shares_memory(send, recv):
+        raise ValueError(f"rank {rank}: the send and receive buffers overlap")
 
 
 def _array(spec: Any) -> np.ndarray:
