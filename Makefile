@@ -84,14 +84,16 @@ test-ompi: install-ompi
 test: test-unit test-slurm test-mpi test-ompi
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
-# tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py
+# tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
+# runs N mutants at once (each MPI stage uses 2-3 cores).
 MODULE ?=
+WORKERS ?= 1
 $(VENV)/.installed-mutate: $(VENV)/.installed
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mutate]'
 	touch $@
 
 mutate: $(VENV)/.installed-mutate
-	nice -n 10 $(PY) tests/mutation/mutate.py $(MODULE)
+	nice -n 10 $(PY) tests/mutation/mutate.py --workers $(WORKERS) $(MODULE)
 
 bench: install
 	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
