@@ -135,13 +135,15 @@ class GradientReducer:
 
     def ready(self, key: Key) -> list[Key]:
         """Count one backward pass for ``key``; return the keys now due for reduction."""
-        if key in self.pending:
+        passes = self._passes.get(key, 0) + 1
+        # Pending, or counted in full while its group waits for another member: counting
+        # it again would release the group without that member's gradient.
+        if key in self.pending or passes > self.passes_per_step:
             raise HvdliteError(
                 f"rank {runtime.rank()}: the gradient of '{self.names[key]}' was computed "
                 f"more than backward_passes_per_step={self.passes_per_step} times before "
                 "step(). Raise backward_passes_per_step to accumulate gradients locally, "
                 "or call step() (or synchronize()) after each backward().")
-        passes = self._passes.get(key, 0) + 1
         self._passes[key] = passes
         if passes < self.passes_per_step:
             return []

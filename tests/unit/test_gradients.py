@@ -261,8 +261,21 @@ def test_a_second_backward_before_step_is_refused_though_a_group_was_incomplete(
     reducer = job.reducer(keys="ab", groups=[["a", "b"]])
     _backward(reducer, "a")                # b has no gradient this pass: the group waits
     assert job.started == []
-    with pytest.raises(HvdliteError, match="more than backward_passes_per_step=1 times"):
+    with pytest.raises(HvdliteError, match="'a' was computed more than "
+                                           "backward_passes_per_step=1 times"):
         _backward(reducer, "ab")           # a second backward() without step()
+    assert job.started == []               # the group was not released without b's gradient
+
+
+def test_with_several_passes_a_group_member_counted_in_full_is_refused_again(
+        job: _Job) -> None:
+    reducer = job.reducer(keys="ab", groups=[["a", "b"]], passes=2)
+    _backward(reducer, "a")
+    _backward(reducer, "a")                # a's two passes: the group waits for b
+    with pytest.raises(HvdliteError, match="'a' was computed more than "
+                                           "backward_passes_per_step=2 times"):
+        _backward(reducer, "a")
+    assert job.started == []
 
 
 def test_a_group_of_hundreds_of_parameters_is_due_when_the_last_is_ready() -> None:
