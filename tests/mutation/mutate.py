@@ -10,7 +10,8 @@
 module is mutated in a scratch copy of the work tree (``.mutation/tree``), so an
 interrupted run never leaves a mutant in your files. cosmic-ray applies one
 mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages
-listed for the module in TESTS, cheapest first, stopping at the first failure.
+listed for the module in TESTS (tests/mutation/stages.py), cheapest first,
+stopping at the first failure.
 Pure modules need only unit tests; the engine, executor, backends and bindings
 need real MPI runs, so their runs take long: run them one module at a time. The
 backends and the executor are unit-tested first, at several sizes over a fake
@@ -37,171 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import parallel  # noqa: E402  (tests/mutation/parallel.py)
+from stages import TESTS  # noqa: E402  (tests/mutation/stages.py: each module's tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / ".mutation"
 TREE = WORK / "tree"
 PY = sys.executable
-
-# A stage: ("unit", pytest args) runs pytest in one process; ("mpi<N>", args) runs
-# tests/mpi/run.py under mpiexec -n N.
-Stage = tuple[str, str]
-_UNIT_PLANNING = ("unit", "tests/unit/test_planning.py")
-# The host backends at every size in one process (threads over a fake communicator):
-# a second, and it kills most backend mutants, hangs included, before any mpiexec.
-_UNIT_BACKENDS = ("unit", "tests/unit/test_backends.py tests/unit/test_planning.py")
-# The GPU backends under a fake CuPy and NCCL (tests/unit/fake_cupy.py, fake_nccl.py), every
-# rank a thread over the fake communicator: seconds, no GPU.
-_UNIT_GPU = ("unit", "tests/unit/test_gpu_backends.py tests/unit/test_gpu_staged.py")
-_MPI_REDUCE = ("mpi2", "tests/mpi/test_scaling.py tests/mpi/test_allreduce.py "
-                       "tests/mpi/test_collectives.py")
-_MPI_TRAFFIC = ("mpi2", "tests/mpi/test_traffic.py")
-# Every test the `backend` fixture runs on the ring, and the ring's byte counts.
-_RING_TESTS = ("tests/mpi/test_allreduce.py tests/mpi/test_collectives.py "
-               "tests/mpi/test_scaling.py tests/mpi/test_traffic.py -k ring")
-
-# module -> (seconds allowed per mutant, stages)
-TESTS: dict[str, tuple[int, list[Stage]]] = {
-    "hvdlite/core/fusion.py": (300, [
-        ("unit", "tests/unit/test_fusion.py tests/unit/test_planning.py"), _MPI_REDUCE]),
-    "hvdlite/core/negotiation.py": (300, [
-        ("unit", "tests/unit/test_negotiation.py tests/unit/test_planning.py"),
-        ("mpi2", "tests/mpi/test_errors.py tests/mpi/test_bad_inputs.py "
-                 "tests/mpi/test_collectives.py")]),
-    # The executor at 1 to 4 ranks over the fake communicator first (seconds, and most
-    # mutants die there); the real runs after it judge the rest.
-    "hvdlite/core/executor.py": (400, [
-        ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
-                 "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
-                 "-knot(tensorflow)"), _MPI_REDUCE,
-        ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
-        ("mpi3", "tests/mpi/test_scaling.py")]),
-    "hvdlite/core/scaling.py": (300, [
-        ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
-        ("mpi3", "tests/mpi/test_scaling.py")]),
-    # The device registry: its unit tests stand in a device, a stream backend and a plugin.
-    "hvdlite/core/devices.py": (60, [
-        ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py"),
-        ("mpi2", "tests/mpi/test_allreduce.py")]),
-    "hvdlite/core/chain.py": (60, [
-        ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py"),
-        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
-    # Plain threading code, fully exercised by its unit tests.
-    "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
-    # rank 0's stall checks over the real coordinator, with a fake clock.
-    "hvdlite/core/stall.py": (60, [("unit", "tests/unit/test_stall.py")]),
-    # The trace writer's thread, its file and a process that never closes it.
-    "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
-    "hvdlite/core/mpi_library.py": (60, [
-        ("unit", "tests/unit/test_mpi_library.py tests/unit/test_runner.py")]),
-    # Descriptors, requests and responses, then the modules that read them, all in-process.
-    "hvdlite/core/requests.py": (60, [
-        ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
-                 "tests/unit/test_cache.py tests/unit/test_fusion.py "
-                 "tests/unit/test_planning.py")]),
-    # Process sets over a fake world communicator, then real splits under MPI.
-    "hvdlite/core/registry.py": (60, [
-        ("unit", "tests/unit/test_registry.py"),
-        ("mpi2", "tests/mpi/test_process_set_registry.py")]),
-    # Layouts of uneven nodes over threads (a communicator that splits as MPI would), then
-    # the real splits.
-    "hvdlite/core/topology.py": (60, [
-        ("unit", "tests/unit/test_topology.py tests/unit/test_planning.py "
-                 "tests/unit/test_runner.py"),
-        ("mpi2", "tests/mpi/test_topology.py")]),
-    "hvdlite/core/recorder.py": (60, [
-        ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
-    # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell.
-    "hvdlite/core/waiting.py": (60, [
-        ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
-                 "tests/unit/test_handles.py")]),
-    # The guard runs as a real child process (a socketpair stands in for hydra's PMI fd).
-    "hvdlite/core/exit_guard.py": (60, [
-        ("unit", "tests/unit/test_exit_guard.py"),
-        ("unit", "tests/unit/test_liveness.py -k guard")]),
-    # Aborts, exits and hooks in-process, with MPI_Abort and os._exit faked; then the
-    # recorded sys.exit status at a real interpreter exit.
-    "hvdlite/core/failure.py": (60, [
-        ("unit", "tests/unit/test_failure.py"),
-        ("unit", "tests/unit/test_liveness.py -k sys_exit")]),
-    # The Monitor and the check in-process (the channel, gather and bcast on a one-rank
-    # world), then full negotiation rounds, which gather and broadcast, at -n 2.
-    "hvdlite/core/liveness.py": (60, [
-        ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
-                 "-k not(guard)and(not(sys_exit))"),
-        ("mpi2", "tests/mpi/test_process_set_registry.py")]),
-    # The engine at one rank in the test process first (tests/unit/engine_rig.py: a real
-    # Engine over COMM_SELF, stepped one iteration at a time; found necessary by make
-    # mutate: with only MPI stages each mutant cost minutes of mpiexec runs). Then rounds,
-    # the response cache, errors, process sets and reconfiguration at -n 2; the
-    # overlapping sets at -n 3; then whole jobs: crashes, stalls, shutdowns, lost peers,
-    # the timeline and the report.
-    "hvdlite/core/engine.py": (150, [
-        ("unit", "tests/unit/test_engine.py tests/unit/test_engine_stop.py"),
-        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
-                 "tests/mpi/test_process_set_registry.py"),
-        ("mpi2", "tests/mpi/test_collectives.py tests/mpi/test_bad_inputs.py "
-                 "tests/mpi/test_one_rank_errors.py tests/mpi/test_unnamed_ops.py "
-                 "tests/mpi/test_traffic.py tests/mpi/test_torch_optimizer.py"),
-        ("mpi3", "tests/mpi/test_process_set_registry.py tests/mpi/test_unnamed_ops.py"),
-        ("unit", "tests/integration/test_jobs.py tests/integration/test_liveness.py "
-                 "tests/integration/test_report.py -knot(hvdliterun)and(not(pytorch))"
-                 "and(not(numpy_demo))and(not(every_time))")]),
-    "hvdlite/core/cache.py": (300, [
-        ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
-    "hvdlite/api/compression.py": (300, [
-        ("unit", "tests/unit/test_compression.py"),
-        ("mpi2", "tests/mpi/test_scaling.py"),
-        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
-    "hvdlite/api/gradients.py": (400, [
-        ("unit", "tests/unit/test_gradients.py tests/unit/test_planning.py "
-                 "tests/unit/test_batches.py"),
-        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
-                 "tests/mpi/test_torch_optimizer.py"),
-        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
-    "hvdlite/torch/optimizer.py": (400, [
-        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
-                 "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
-        ("mpi2", "tests/mpi/test_adasum.py -k optimizer")]),   # op=Adasum's own class
-    # The other bindings' optimizers: torch's Adasum optimizer, the TensorFlow tape and
-    # gradient helpers, and Keras 3's DistributedOptimizer (TensorFlow backend), each
-    # through the MPI tests that train with them.
-    "hvdlite/torch/adasum_optimizer.py": (300, [("mpi2", "tests/mpi/test_adasum.py")]),
-    "hvdlite/tensorflow/tape.py": (300, [
-        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py")]),
-    "hvdlite/tensorflow/gradients.py": (300, [
-        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
-                 "tests/mpi/test_keras_fit.py")]),
-    "hvdlite/keras/optimizer.py": (400, [
-        ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py"),
-        ("mpi2", "tests/mpi/test_keras_elastic.py")]),
-    # The backends: their unit tests first, then the real MPI runs of the collectives
-    # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
-    # limits are for the mutants that deadlock a rank (a wrong tag, peer or segment).
-    "hvdlite/backends/base.py": (60, [
-        ("unit", "tests/unit/test_backend_base.py tests/unit/test_fusion.py"),
-        _UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC]),
-    "hvdlite/backends/mpi.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC]),
-    # The ring also at -n 3 (the backend fixture's ring runs and its byte counts): at
-    # 2 ranks every schedule has one step, so only an odd size shows an off-by-one.
-    "hvdlite/backends/ring.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC,
-                                      ("mpi3", _RING_TESTS)]),
-    # The server at -n 3 as well: a set whose server is not global rank 0 needs 3 ranks.
-    "hvdlite/backends/ps.py": (60, [_UNIT_BACKENDS, _MPI_REDUCE, _MPI_TRAFFIC,
-                                    ("mpi3", "tests/mpi/test_traffic.py")]),
-    # The formula, then the backend at 1 to 8 ranks over the fake communicator (at 2
-    # ranks every loop of the halving, the group sums and the allgather runs once).
-    "hvdlite/backends/adasum.py": (300, [
-        ("unit", "tests/unit/test_adasum.py tests/unit/test_adasum_ranks.py"),
-        ("mpi2", "tests/mpi/test_adasum.py")]),
-    # The GPU path: only its unit tests judge it. The real GPU tests (tests/mpi/test_gpu_torch.py,
-    # test_gpu_tf.py) need a GPU and CuPy, and are not a stage: without them they skip, and a
-    # skip kills nothing. On a machine with a GPU, run them by hand on the survivors.
-    "hvdlite/backends/gpu.py": (60, [_UNIT_GPU]),
-    "hvdlite/backends/cuda.py": (60, [_UNIT_GPU]),
-    "hvdlite/backends/nccl.py": (60, [_UNIT_GPU]),
-    "hvdlite/backends/staged.py": (60, [_UNIT_GPU]),
-}
 
 
 def run_tests(module: str, mpiexec: str | None = None) -> int:
@@ -382,7 +224,7 @@ def main() -> None:
     modules = args.modules or list(TESTS)
     unknown = [m for m in modules if m not in TESTS]
     if unknown:
-        sys.exit(f"no tests are mapped for {unknown}; add them to TESTS in {__file__}")
+        sys.exit(f"no tests are mapped for {unknown}; add them to TESTS in tests/mutation/stages.py")
     WORK.mkdir(exist_ok=True)
     if args.export or args.imported:
         if len(modules) != 1:
