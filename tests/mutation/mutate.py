@@ -6,24 +6,22 @@
     python tests/mutation/mutate.py --report MODULE      # print a finished run again
     python tests/mutation/mutate.py --workers 4 MODULE   # several mutants at once
 
-(``make mutate`` and ``make mutate MODULE=...`` run this under ``nice``.) Each
-module is mutated in a scratch copy of the work tree (``.mutation/tree``), so an
-interrupted run never leaves a mutant in your files. cosmic-ray applies one
-mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages
-listed for the module in TESTS (tests/mutation/stages.py), cheapest first,
-stopping at the first failure.
-Pure modules need only unit tests; the engine, executor, backends and bindings
-need real MPI runs, so their runs take long: run them one module at a time. The
-backends and the executor are unit-tested first, at several sizes over a fake
-communicator (tests/unit/fake_comm.py), which kills most of their mutants in
-seconds, so a backend takes well under an hour and the executor about one. A mutant is killed when a stage fails or
-exceeds the module's time limit (a hang, unit stages included). Sessions and
-reports stay in ``.mutation/``.
+(``make mutate`` and ``make mutate MODULE=... WORKERS=N`` run this under ``nice``.)
+Each module is mutated in a scratch copy of the work tree (``.mutation/tree``), so
+an interrupted run never leaves a mutant in your files. cosmic-ray applies one
+mutant at a time and runs ``mutate.py --run-tests MODULE`` there: the stages listed
+for the module in TESTS (tests/mutation/stages.py), cheapest first, stopping at the
+first failure. A mutant is killed when a stage fails or exceeds the module's time
+limit (a hang, unit stages included). Sessions and reports stay in ``.mutation/``.
+
+Most modules' first stage runs in one process in seconds (the backends and the
+executor over a fake communicator, the engine at one rank, the GPU backends over a
+stand-in for CuPy), so only the mutants it misses cost mpiexec runs, and a module
+takes minutes to well under an hour on two cores.
 
 ``--workers N`` runs N mutants at once, each in its own copy of the tree
-(tests/mutation/parallel.py); ``--export DIR`` and ``--import DIR`` split that
-run so that the mutants can run on another machine with more cores (the engine's,
-whose every mutant needs several mpiexec runs) or with a GPU (the GPU backends).
+(tests/mutation/parallel.py); ``--export DIR`` and ``--import DIR`` split that run
+so that the mutants run on another machine (more cores, or a GPU).
 """
 from __future__ import annotations
 
