@@ -106,7 +106,8 @@ def test_staged_allreduce_uses_the_ring_from_the_threshold(gpu: SimpleNamespace,
     def work(comm: ThreadComm) -> list[int]:
         backend = opened(gpu.staged.StagedBackend, comm, allreduce="auto", ring_threshold=64)
         messages = []
-        for n, dtype in ((16, F32), (15, F32), (16, F16), (8, np.dtype(np.float64))):
+        for n, dtype in ((16, F32), (15, F32), (16, F16), (8, np.dtype(np.float64)),
+                         (40, F32)):
             comm.allgather(None)            # every rank's earlier sends are counted
             before = comm.world.messages
             comm.allgather(None)            # and no rank sends before all have read
@@ -116,7 +117,7 @@ def test_staged_allreduce_uses_the_ring_from_the_threshold(gpu: SimpleNamespace,
             messages.append(comm.world.messages - before)
         return messages
     for messages in on_gpus(size, work):
-        assert [m > 0 for m in messages] == [True, False, True, True]
+        assert [m > 0 for m in messages] == [True, False, True, True, True]
 
 
 def test_staged_settings_mpi_never_uses_the_ring(gpu: SimpleNamespace) -> None:
@@ -156,7 +157,9 @@ def test_pinned_memory_grows_to_the_larger_of_need_and_double(gpu: SimpleNamespa
     again = pinned.view(F32, 5)
     assert again.dtype == F32 and again.size == 5
     np.testing.assert_array_equal(again, np.arange(5))        # the same memory
-    assert pinned.view(np.dtype(np.uint8), 4, 40).size == 4     # fits exactly: no growth
+    assert pinned.view(F32, 10).size == 10                     # exactly what exists: kept
+    assert fake_cupy.state().pinned == [40]
+    assert pinned.view(np.dtype(np.uint8), 4, 40).size == 4     # 44 > 40: doubles, to 80
     grown = pinned.view(F32, 11)
     assert grown.size == 11
     pinned.view(np.dtype(np.uint8), 100, 64)                    # 164 > 2 * 80
