@@ -100,7 +100,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # the response cache, errors, process sets and reconfiguration at -n 2; the
     # overlapping sets at -n 3; then whole jobs: crashes, stalls, shutdowns, lost peers,
     # the timeline and the report.
-    "hvdlite/core/engine.py": (150, [
+    "hvdlite/core/engine.py": (600, [
         ("unit", "tests/unit/test_engine.py tests/unit/test_engine_stop.py"),
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
                  "tests/mpi/test_process_set_registry.py"),
