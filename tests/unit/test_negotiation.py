@@ -147,6 +147,18 @@ def test_stalls_are_reported_once_and_joins_are_not_stalls() -> None:
     assert not coordinator.mark_warned("unknown")
 
 
+def test_a_stall_counts_from_the_earliest_submission_a_rank_reported() -> None:
+    # Rank 1's join comes first in the table: the tensors after it are still inspected.
+    coordinator = Coordinator(size=3)
+    coordinator.ingest(1, [(Descriptor(name="join", kind=Kind.JOIN), 0.5)], now=3.0)
+    coordinator.ingest(0, [(d(name="x"), 1.0)], now=3.0)         # submitted at 2.0
+    coordinator.ingest(2, [(d(name="x"), 3.0)], now=4.0)         # at 1.0: the earliest
+    coordinator.ingest(0, [(d(name="y"), 1.0)], now=4.0)         # at 3.0
+    assert coordinator.stalled(now=3.9, after=3.0) == []
+    assert coordinator.stalled(now=5.5, after=2.5) == [("x", [0, 2], [1], 4.5),
+                                                       ("y", [0], [1, 2], 2.5)]
+
+
 def test_join_completes_when_every_rank_joined_and_names_the_last() -> None:
     join = Descriptor(name="join", kind=Kind.JOIN)
     coordinator = Coordinator(size=3)
