@@ -58,6 +58,20 @@ def test_tree_brackets_neighbours_first() -> None:
 
 
 @pytest.mark.parametrize("n,expected", [(1, True), (2, True), (3, False), (4, True),
-                                        (6, False), (0, False)])
+                                        (5, False), (6, False), (0, False), (512, True),
+                                        (96, False)])
 def test_power_of_two(n: int, expected: bool) -> None:
     assert is_power_of_two(n) is expected
+
+
+def test_a_norm_exactly_at_the_threshold_takes_the_formula() -> None:
+    # Horovod's threshold is sqrt(DBL_MIN) = 2^-511, inclusive: a squared norm equal to
+    # it gets the formula, one below it keeps coefficient 1 (as in a plain sum).
+    at = np.full(2, 2.0 ** -256)        # |at|^2 = 2 * 2^-512 = 2^-511 exactly
+    below = np.full(1, 2.0 ** -256)     # |below|^2 = 2^-512
+    assert float(at @ at) == 2.0 ** -511
+    np.testing.assert_array_equal(pairwise(at, at.copy()), at)          # averaged
+    np.testing.assert_array_equal(pairwise(below, below.copy()), 2 * below)   # summed
+    tiny = 2.0 ** -511
+    assert coefficients(tiny, tiny, 4.0 * tiny) == (0.5, 0.875)
+    assert coefficients(tiny, 1.0, tiny) == (1.0 - tiny / 2.0, 0.5)

@@ -81,19 +81,25 @@ def test_a_zero_vector_on_some_ranks_adds_as_a_sum(size: int) -> None:
 def test_the_scratch_buffer_serves_a_larger_then_a_smaller_tensor() -> None:
     size = 4
     big, small = _vectors(size, 40, np.float64, seed=3), _vectors(size, 6, np.float32, seed=4)
+    order = (small, big, big, small)
 
-    def work(comm: ThreadComm) -> list[np.ndarray]:
+    def work(comm: ThreadComm) -> tuple[list[np.ndarray], list[np.ndarray]]:
         backend = AdasumBackend()
         backend.open_set(SET, comm)
-        outs = []
-        for vectors in (small, big, small):
+        outs, scratch = [], []
+        for vectors in order:
             buf = vectors[comm.rank].copy()
             backend.allreduce(SET, buf, ReduceOp.ADASUM)
             outs.append(buf)
-        return outs
+            scratch.append(backend._scratch)
+        return outs, scratch
     results = run_ranks(size, work)
-    for index, vectors in enumerate((small, big, small)):
-        _check(vectors, [r[index] for r in results])
+    for index, vectors in enumerate(order):
+        _check(vectors, [r[0][index] for r in results])
+    for rank, (_, scratch) in enumerate(results):
+        # Allocated for the largest exchange, then reused by one as large and smaller ones.
+        assert scratch[1].nbytes == 20 * 8, f"rank {rank}"
+        assert scratch[2] is scratch[1] and scratch[3] is scratch[1], f"rank {rank}"
 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
@@ -115,6 +121,46 @@ def test_traffic_counts_the_bytes_each_rank_sent(size: int, n: int) -> None:
         assert count["allreduce"]["sent"] == world.sent_bytes[rank], f"rank {rank}"
         # Every exchange is a Sendrecv of equal halves: each rank receives what it sends.
         assert count["allreduce"]["received"] == world.sent_bytes[rank], f"rank {rank}"
+
+
+def _sent_bytes(rank: int, size: int, n: int, itemsize: int) -> int:
+    """What ``rank`` sends, from the lengths alone: at level 2^j it sends what it gives
+    away of the m_j elements it holds (the rank with bit j clear keeps floor(m_j / 2),
+    the other the rest), then 24 bytes (three float64 sums) to each of j + 1 partners;
+    the allgather sends back what it kept at each level. In all, n + m_1 + ... + m_(k-1)
+    elements."""
+    held, elements, partials, level = n, 0, 0, 1
+    while level < size:
+        elements += held
+        held = held // 2 if not rank & level else held - held // 2
+        partials += level.bit_length()
+        level <<= 1
+    return elements * itemsize + 24 * partials
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+@pytest.mark.parametrize("n", [64, 13, 7, 24])
+def test_each_rank_sends_half_its_range_at_each_level(size: int, n: int) -> None:
+    # Any split both partners agree on gives the right result; this pins the halving,
+    # so that the work and the traffic are spread evenly over the ranks.
+    vectors = _vectors(size, n, np.float32, seed=6)
+
+    def work(comm: ThreadComm) -> tuple[dict, np.ndarray]:
+        backend = AdasumBackend()
+        backend.open_set(SET, comm)
+        buf = vectors[comm.rank].copy()
+        backend.allreduce(SET, buf, ReduceOp.ADASUM)
+        return backend.traffic.snapshot()["allreduce"], buf
+    results = run_ranks(size, work)
+    _check(vectors, [r[1] for r in results])
+    expected = [_sent_bytes(rank, size, n, 4) for rank in range(size)]
+    assert [r[0]["sent"] for r in results] == expected
+    if n % size == 0:
+        # Every rank alike: 2n(1 - 1/P) elements and 12 k (k + 1) bytes of sums, P = 2^k.
+        k = size.bit_length() - 1
+        assert expected == [2 * n * (size - 1) // size * 4 + 12 * k * (k + 1)] * size
+    if (size, n) == (4, 7):
+        assert expected == [112, 116, 112, 116]      # 3 or 4 of 7 kept at the first level
 
 
 def test_a_set_that_is_not_a_power_of_two_is_refused() -> None:
@@ -144,3 +190,18 @@ def test_the_backend_serves_only_adasum_allreduces_on_the_host() -> None:
     assert not backend.supports("allreduce", f32, "cpu", 64)
     assert not backend.supports("allgather", f32, "cpu", 64, ReduceOp.ADASUM)
     assert not backend.supports("allreduce", f32, "cuda:0", 64, ReduceOp.ADASUM)
+    for op in (ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        assert not backend.supports("allreduce", f32, "cpu", 64, op), op
+    for kind in ("broadcast", "reducescatter", "allgather", "alltoall"):
+        assert not backend.supports(kind, f32, "cpu", 64, ReduceOp.ADASUM), kind
+    # A kind equal to "allreduce" but not the interned literal (built at run time).
+    built = "".join(["all", "reduce"])
+    assert backend.supports(built, f32, "cpu", 64, ReduceOp.ADASUM)
+
+
+def test_more_ranks_than_python_caches_small_ints_for() -> None:
+    # 512 ranks: the level and the size are equal ints but not the same object.
+    size = 512
+    vectors = _vectors(size, 3, np.float64, seed=7)
+    results, _ = _reduce(vectors)
+    _check(vectors, [r[0] for r in results])
