@@ -9,7 +9,10 @@ What is faithful, because the backends' correctness rests on it:
 - Device memory is raw bytes at fake addresses far apart; ``.data.ptr`` is an
   address, and what reads through a pointer (NCCL) reads the bytes there: a
   wrong offset, count or datatype reads other bytes, and a range past its
-  allocation raises (an illegal address).
+  allocation raises (an illegal address). An allocation is 256-byte aligned,
+  all that CUDA promises, and no more: bits 8 to 19 of every base are set (one
+  legal placement), so a base combined with an offset of 256 bytes or more by
+  anything but addition (``|`` or ``^``, say) lands elsewhere, as it can on a GPU.
 - Arrays refuse implicit conversion to NumPy, as CuPy's do; ``get``/``set``
   check dtype and shape as CuPy >= 13 does (``get`` blocks by default).
 - The current device is per thread (CUDA's is); a stream belongs to the device
@@ -49,7 +52,7 @@ class _State:
         self.lock = threading.Lock()
         self.bases: list[int] = []                  # device allocations, ascending
         self.memory: list[_Memory] = []
-        self.next_address = 1 << 40
+        self.next_address = 1 << 40                 # 1 MiB aligned; see _Memory
         self.handles: dict[int, Any] = {}           # stream and event pointers
         self.next_handle = itertools.count(0x7000, 0x10)
         self.pinned: list[int] = []                 # sizes asked of alloc_pinned_memory
@@ -185,13 +188,17 @@ def _stream_wait_event(stream: int, event: int, flags: int) -> None:
 
 # --- memory --------------------------------------------------------------------------
 
+_LOW_BITS = (1 << 20) - 256      # an allocation's address modulo 1 MiB: bits 8 to 19 set
+
+
 class _Memory:
     def __init__(self, nbytes: int, device: int) -> None:
         self.raw = np.zeros(nbytes, np.uint8)
         self.device = device
         with _state.lock:
-            self.base = _state.next_address
-            _state.next_address += (nbytes + 511) // 512 * 512 + (1 << 20)   # far apart
+            self.base = _state.next_address + _LOW_BITS
+            end = self.base + nbytes + (1 << 20)         # far apart: a gap of 1 MiB at least
+            _state.next_address = (end + (1 << 20) - 1) >> 20 << 20
             _state.bases.append(self.base)
             _state.memory.append(self)
 

@@ -53,6 +53,7 @@ class _State:
         self.next_uid = itertools.count(1)
         self.groups: list[tuple[int, int]] = []     # (rank, operations) per launch
         self.communicators: list[NcclCommunicator] = []
+        self.unique_ids: list[tuple[str, int]] = []  # (host, GPU) of each get_unique_id call
 
 
 _state = _State(0)
@@ -67,7 +68,11 @@ def get_version() -> int:
 
 
 def get_unique_id() -> tuple:
-    serial = next(_state.next_uid).to_bytes(8, "little") + bytes(120)
+    """A fresh id; who asked is recorded (NCCL's call starts the bootstrap root of
+    a communicator there, which waits for its ranks: one id per communicator)."""
+    with _state.lock:
+        _state.unique_ids.append((hostname(), current_device()))
+        serial = next(_state.next_uid).to_bytes(8, "little") + bytes(120)
     return tuple(np.frombuffer(serial, np.int8).tolist())    # 128 C chars, as CuPy's
 
 

@@ -20,6 +20,7 @@ import pytest
 
 import hvdlite.backends
 from hvdlite.backends.base import even_counts
+from hvdlite.config import Config
 from hvdlite.reduce_op import ReduceOp
 from tests.unit import fake_cupy, fake_nccl
 from tests.unit.fake_comm import ThreadComm
@@ -50,6 +51,18 @@ def test_the_fake_leaves_nothing_behind() -> None:
     assert not any(name in sys.modules for name in names)
     assert not any(hasattr(hvdlite.backends, name) for name in MODULES)
     assert (fake_cupy.state(), fake_nccl.state()) == states
+
+
+def test_the_fake_aligns_allocations_as_cuda_promises_and_no_more(gpu: SimpleNamespace) -> None:
+    """256-byte aligned with bits 8-19 set: a pointer plus an offset of 256 bytes or
+    more differs from the pointer or'ed or xor'ed with it."""
+    bases = [gpu.cupy.empty(n, np.uint8).data.ptr for n in (1, 300, 5000)]
+    assert all(base % 256 == 0 and base >> 8 & 0xFFF == 0xFFF for base in bases)
+    assert bases == sorted(bases) and min(np.diff(bases)) > 1 << 20
+    with pytest.raises(fake_cupy.CUDARuntimeError, match="IllegalAddress"):
+        fake_cupy.resolve(bases[1] - 256, 4, 0)
+    with pytest.raises(fake_cupy.CUDARuntimeError, match="IllegalAddress"):
+        fake_cupy.resolve(bases[1] + 297, 4, 0)
 
 
 # --- cuda.py: devices and streams ------------------------------------------------------
@@ -143,6 +156,8 @@ def test_nccl_supports_its_types_on_gpus_when_chosen(gpu: SimpleNamespace) -> No
     assert backend.supports("allreduce", F32, "cuda:0", 8)
     assert gpu.nccl.NcclBackend(config(gpu_allreduce="mpi")).supports(
         "allreduce", F32, "cuda:0", 8) is False
+    chosen = Config.load({"HVDLITE_GPU_ALLREDUCE": " NCCL"})   # a string made at run time
+    assert gpu.nccl.NcclBackend(chosen).supports("allreduce", F32, "cuda:0", 8)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -198,7 +213,7 @@ def test_nccl_allreduce_many_in_groups_of_group_ops(gpu: SimpleNamespace, size: 
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("version", [21805, 20907])
+@pytest.mark.parametrize("version", [21805, 21000, 20999, 20907])
 def test_nccl_average_is_ncclavg_in_groups_from_2_10_and_a_sum_elsewhere(
         load: Callable[..., SimpleNamespace], size: int, version: int) -> None:
     """ncclAvg (2.10+) premultiplies by 1/size: contributions are multiples of the
@@ -225,8 +240,9 @@ def test_nccl_average_is_ncclavg_in_groups_from_2_10_and_a_sum_elsewhere(
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_nccl_broadcast_from_the_last_rank(gpu: SimpleNamespace, size: int) -> None:
-    root = size - 1
+@pytest.mark.parametrize("which", ["first", "middle", "last"])
+def test_nccl_broadcast_from_any_root(gpu: SimpleNamespace, size: int, which: str) -> None:
+    root = {"first": 0, "middle": size // 2, "last": size - 1}[which]
 
     def work(comm: ThreadComm) -> Any:
         backend = opened(gpu.nccl.NcclBackend, comm)
@@ -246,9 +262,10 @@ def test_nccl_broadcast_from_the_last_rank(gpu: SimpleNamespace, size: int) -> N
 
 
 def uneven_rows(rank: int, size: int) -> np.ndarray:
-    """Rank r holds (r + 1) % 3 rows of 3 float32 (rank 2 none): its bytes."""
+    """Rank r holds (r + 1) % 3 rows of 70 float32 (rank 2 none): its bytes (so
+    that ranks' blocks start 280 bytes or more into the result)."""
     rows = (rank + 1) % 3
-    return (np.arange(rows * 3, dtype=np.float32) + 10 * rank).view(np.uint8)
+    return (np.arange(rows * 70, dtype=np.float32) + 1000 * rank).view(np.uint8)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -272,9 +289,12 @@ def test_allgather_of_uneven_first_dimensions(gpu: SimpleNamespace, size: int,
 
 
 def alltoall_block(source: int, dest: int) -> np.ndarray:
-    """What rank ``source`` sends rank ``dest``: (2 source + dest) % 3 bytes, so that
-    what a rank sends a peer and receives from it differ in length."""
-    return np.full((2 * source + dest) % 3, 16 * source + dest, np.uint8)
+    """What rank ``source`` sends rank ``dest``: 200 ((2 source + dest) % 3) + source
+    + 1 bytes, so that what a rank sends a peer and receives from it differ in
+    length, a rank sends itself something (which moves nothing), and blocks start
+    hundreds of bytes in; bytes that differ along the block (period 251)."""
+    n = 200 * ((2 * source + dest) % 3) + source + 1
+    return ((np.arange(n) * 37 + 16 * source + dest) % 251).astype(np.uint8)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -303,7 +323,7 @@ def test_alltoall_of_uneven_blocks(gpu: SimpleNamespace, size: int, backend_name
 @pytest.mark.parametrize("dtype", [F32, F16, np.dtype(np.int64)], ids=str)
 def test_reducescatter_of_counts_uneven_by_a_row(gpu: SimpleNamespace, size: int,
                                                  backend_name: str, dtype: np.dtype) -> None:
-    n = 2 * size + 1
+    n = 130 * size + 1                   # a rank's part starts 262 bytes in or more
     counts = even_counts(n, size)
     factory = {"nccl": gpu.nccl.NcclBackend, "staged": gpu.staged.StagedBackend}[backend_name]
 
@@ -351,6 +371,12 @@ def run_every_kind(gpu: SimpleNamespace, comm: ThreadComm) -> dict[str, Any]:
     buf, part = gpu.cupy.asarray(contribution(me, size, BF16)), gpu.cupy.empty(1, BF16)
     backend.reducescatter(SET, buf, [1] * size, part, ReduceOp.SUM)
     out["reducescatter"] = part.get()
+    blocks = [alltoall_block(me, dest) for dest in range(size)]
+    recv_counts = [alltoall_block(src, me).size for src in range(size)]
+    recv = gpu.cupy.empty(sum(recv_counts), np.uint8)
+    backend.alltoall(SET, gpu.cupy.asarray(np.concatenate(blocks)), [b.size for b in blocks],
+                     recv, recv_counts)
+    out["alltoall"] = recv.get()
     out["nccl calls"] = sum(ops for rank, ops in fake_nccl.state().groups if rank == me)
     out["mpi collectives"] = comm.world.collectives
     backend.close_set(SET)
@@ -365,6 +391,8 @@ def check_every_kind(results: list[dict[str, Any]], size: int) -> None:
         np.testing.assert_array_equal(out["allgather"], gathered)
         np.testing.assert_array_equal(out["reducescatter"],
                                       reduced(size, size, BF16, ReduceOp.SUM)[rank: rank + 1])
+        np.testing.assert_array_equal(
+            out["alltoall"], np.concatenate([alltoall_block(src, rank) for src in range(size)]))
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -396,10 +424,12 @@ def test_one_gpu_per_rank_uses_nccl_made_once_per_set(gpu: SimpleNamespace, size
     gathers = sum(1 for r in range(size) if uneven_rows(r, size).size)
     for out in results:
         assert out["many"] is not None
-        assert out["nccl calls"] == 3 + gathers + size          # a reduce per rank
+        # a reduce per rank, a send and a receive per rank (itself too)
+        assert out["nccl calls"] == 3 + gathers + size + 2 * size
         assert out["mpi collectives"] == 2 * size               # counted once per rank
     communicators = fake_nccl.state().communicators
     assert len(communicators) == size and not any(c.alive for c in communicators)
+    assert fake_nccl.state().unique_ids == [("node0", 0)]      # rank 0's, and only it
 
 
 def test_a_closed_set_reopened_gets_a_new_communicator(gpu: SimpleNamespace) -> None:
@@ -418,3 +448,36 @@ def test_a_closed_set_reopened_gets_a_new_communicator(gpu: SimpleNamespace) -> 
             np.testing.assert_array_equal(result, reduced(2, 3, F32, ReduceOp.SUM))
     first, second = fake_nccl.state().communicators[:2], fake_nccl.state().communicators[2:]
     assert len(second) == 2 and not any(c.alive for c in first + second)
+    assert len(fake_nccl.state().unique_ids) == 2
+
+
+def test_a_set_of_more_than_256_ranks(gpu: SimpleNamespace,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """258 ranks, a node each: rank numbers and sizes past 256 are compared by value
+    (CPython shares one int object per value only up to 256). The last rank is
+    the root of a broadcast and has a part of an allgather and a reducescatter."""
+    size, last = 258, 257
+    monkeypatch.setattr(gpu.nccl, "socket", SimpleNamespace(gethostname=fake_cupy.hostname))
+    has_part = [int(r in (0, last)) for r in range(size)]
+
+    def work(comm: ThreadComm) -> Any:
+        me = comm.rank
+        fake_cupy.set_host(f"node{me}")
+        backend = opened(gpu.nccl.NcclBackend, comm)
+        buf = gpu.cupy.asarray(contribution(me, 4, F32))
+        backend.broadcast(SET, buf, size - 1)
+        gathered = gpu.cupy.empty(8, np.uint8)
+        mine = np.full(4 * has_part[me], me % 256, np.uint8)
+        backend.allgather(SET, gpu.cupy.asarray(mine), gathered, [4 * p for p in has_part])
+        part = gpu.cupy.empty(has_part[me], F32)
+        backend.reducescatter(SET, gpu.cupy.asarray(contribution(me, 2, F32)), has_part,
+                              part, ReduceOp.SUM)
+        return buf.get(), moved(backend, "broadcast"), gathered.get(), part.get()
+    results = on_gpus(size, work, device=lambda rank: 0)
+    assert len(fake_nccl.state().communicators) == size      # NCCL, not staged
+    total = reduced(size, 2, F32, ReduceOp.SUM)
+    for rank, (value, traffic, gathered, part) in enumerate(results):
+        np.testing.assert_array_equal(value, contribution(last, 4, F32))
+        assert traffic == ((16, 0) if rank == last else (0, 16))
+        np.testing.assert_array_equal(gathered, [0] * 4 + [last % 256] * 4)
+        np.testing.assert_array_equal(part, {0: total[:1], last: total[1:]}.get(rank, total[:0]))

@@ -194,3 +194,26 @@ def test_a_first_staged_operation_with_nothing_to_send(gpu: SimpleNamespace, kin
 def test_the_receive_region_starts_on_the_next_64_byte_boundary(gpu: SimpleNamespace) -> None:
     assert [gpu.staged._aligned(n) for n in (0, 1, 63, 64, 65, 128, 129)] == \
         [0, 64, 64, 64, 128, 128, 192]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_send_of_whole_64_byte_blocks_ends_where_the_receive_region_starts(
+        gpu: SimpleNamespace, size: int) -> None:
+    """An allgather and an alltoall whose host send region is a multiple of 64 bytes:
+    it ends exactly where the receive region starts, so it must start at the pinned
+    buffer's first byte, or the two overlap (MPI forbids that; fake_comm refuses it).
+    An allreduce first grows the pinned buffer, so that both regions lie in it."""
+    def work(comm: ThreadComm) -> Any:
+        backend = opened(gpu.staged.StagedBackend, comm)
+        backend.allreduce(SET, gpu.cupy.asarray(contribution(comm.rank, 256, F32)), ReduceOp.SUM)
+        mine = np.full(64, comm.rank, np.uint8)
+        gathered = gpu.cupy.empty(64 * size, np.uint8)
+        backend.allgather(SET, gpu.cupy.asarray(mine), gathered, [64] * size)
+        blocks = np.repeat(np.arange(size, dtype=np.uint8) + 10 * comm.rank, 64)
+        exchanged = gpu.cupy.empty(64 * size, np.uint8)
+        backend.alltoall(SET, gpu.cupy.asarray(blocks), [64] * size, exchanged, [64] * size)
+        return gathered.get(), exchanged.get()
+    for rank, (gathered, exchanged) in enumerate(on_gpus(size, work)):
+        np.testing.assert_array_equal(gathered, np.repeat(np.arange(size, dtype=np.uint8), 64))
+        np.testing.assert_array_equal(
+            exchanged, np.repeat(np.arange(size, dtype=np.uint8) * 10 + rank, 64))
