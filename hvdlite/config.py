@@ -219,7 +219,7 @@ class Config:
         values: dict[str, Any] = {}
         for option in OPTIONS:
             if overrides.get(option.field) is not None:
-                values[option.field] = overrides.pop(option.field)
+                values[option.field] = _checked(option, overrides.pop(option.field))
             elif option.env in environ:
                 values[option.field] = _parse(option, environ[option.env])
         if overrides:
@@ -227,11 +227,14 @@ class Config:
         return cls(**values)
 
     def replace(self, **changes: Any) -> "Config":
-        """A copy with some fields changed; unknown names raise ConfigError."""
-        unknown = sorted(set(changes) - {option.field for option in OPTIONS})
+        """A copy with some fields changed; unknown names and values their variable
+        would refuse raise ConfigError."""
+        options = {option.field: option for option in OPTIONS}
+        unknown = sorted(set(changes) - set(options))
         if unknown:
             raise ConfigError(f"unknown hvdlite option(s): {', '.join(unknown)}")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **{name: _checked(options[name], value)
+                                            for name, value in changes.items()})
 
 
 # The table every consumer reads (the README check, the launcher, load()).
@@ -245,6 +248,17 @@ def _parse(option: Option, raw: str) -> Any:
         return option.parse(raw)
     except ValueError as exc:
         raise ConfigError(f"{option.env}={raw!r} is invalid: {exc}. {option.doc}") from None
+
+
+def _checked(option: Option, value: Any) -> Any:
+    """A value given in code (init's and reconfigure's keywords), refused where its
+    variable's text would be: ``allreduce="rign"`` fails here, not in the engine."""
+    if value is None or option.parse is str:
+        return value
+    try:
+        return option.parse(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{option.field}={value!r} is invalid: {exc}. {option.doc}") from None
 
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:

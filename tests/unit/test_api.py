@@ -51,6 +51,33 @@ def test_config_precedence_and_parsing() -> None:
         Config.load({}, not_an_option=1)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("allreduce", "rign", "expected one of auto, mpi, ring, ps"),
+    ("gpu_allreduce", "xla", "expected one of nccl, mpi"),
+    ("fusion_threshold", -1, "a size cannot be negative"),
+    ("cycle_time", -0.5, "must be >= 0"),
+    ("elastic_persist_every", 0, "must be >= 1"),
+    ("abort_on_error", "maybe", "expected 1/0"),
+])
+def test_values_given_in_code_are_checked_like_their_variables(field: str, value: object,
+                                                               message: str) -> None:
+    # init()'s keywords go through load(), reconfigure()'s through replace(): both refuse
+    # what HVDLITE_<FIELD> would, naming the setting, before anything is negotiated.
+    with pytest.raises(ConfigError, match=f"{field}={value!r} is invalid: {message}"):
+        Config.load({}, **{field: value})
+    with pytest.raises(ConfigError, match=f"{field}={value!r} is invalid: {message}"):
+        Config.load({}).replace(**{field: value})
+
+
+def test_values_given_in_code_keep_their_parsed_form() -> None:
+    config = Config.load({}, allreduce="Ring", fusion_threshold="2MiB", abort_on_error=False)
+    assert (config.allreduce, config.fusion_threshold, config.abort_on_error) == (
+        "ring", 2 << 20, False)
+    changed = config.replace(cycle_time=3, gpu_allreduce="mpi", timeline="/tmp/t.json")
+    assert (changed.cycle_time, changed.gpu_allreduce, changed.timeline) == (
+        3.0, "mpi", "/tmp/t.json")
+
+
 def test_unknown_variable_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     logger = __import__("logging").getLogger("hvdlite")
     logger.propagate = True
