@@ -88,7 +88,7 @@ def _cosmic_ray(*args: str) -> None:
 
 def _prepare(module: str, resume: bool, baseline: bool = True) -> None:
     """A fresh scratch tree, the unmutated tests passing in it, and a session to fill.
-    (An export leaves the baseline to the machine that runs the mutants.)"""
+    (An export, or a run on parallel workers, leaves the baseline to each worker.)"""
     config, session = _session(module)
     _copy_tree()
     if baseline:
@@ -114,7 +114,8 @@ def _time_limit(module: str) -> int:
 
 
 def mutate(module: str, resume: bool, workers: int) -> None:
-    _prepare(module, resume)
+    # Parallel workers each check the baseline in their own copy first.
+    _prepare(module, resume, baseline=workers <= 1)
     print(f"== {module}: running the mutants", flush=True)
     if workers <= 1:
         config, session = _session(module)
