@@ -188,7 +188,7 @@ class _Job:
         self.started.append((name, self.engine.current is not None, scaling))
         if self.engine.current is not None:
             self.engine.current.append(name)
-        return len(self.started)
+        return len(self.started) - 1       # handles count from 0, as the engine's do
 
     def names(self) -> list[str]:
         return [name for name, _, _ in self.started]
@@ -251,7 +251,7 @@ def test_on_one_rank_a_predivide_factor_is_still_applied(job: _Job, factor: floa
     assert (int(scaling["op"]), scaling["prescale_factor"], scaling["postscale_factor"]) == (
         int(hvd.Sum), 1.0 / factor, factor / 1)
     reducer.wait_all(lambda g, restored: None)
-    assert job.synchronized == [1]
+    assert job.synchronized == [0]
 
 
 # -- when a key is due ---------------------------------------------------------------------
@@ -313,7 +313,7 @@ def test_cpu_gradients_start_at_submit_outside_any_bucket(job: _Job) -> None:
         assert job.names()[-1] == f"allreduce.{key}"
     assert job.engine.batches == [] and not any(batched for _, batched, _ in job.started)
     reducer.wait_all(lambda g, restored: None)
-    assert job.engine.batches == [] and job.synchronized == [1, 2, 3]
+    assert job.engine.batches == [] and job.synchronized == [0, 1, 2]
 
 
 class _HostTensor:
@@ -391,4 +391,4 @@ def test_a_refusal_inside_a_bucket_keeps_the_gradients_started_before_it(job: _J
     assert job.engine.markers == [("allreduce.c", "allreduce.b refused")]
     job.refuse.clear()
     reducer.wait_all(lambda g, restored: None)    # a is waited for; nothing else is
-    assert job.synchronized == [1] and reducer.pending == {}
+    assert job.synchronized == [0] and reducer.pending == {}
