@@ -4,7 +4,7 @@ batch, and hold bitwise-identical copies."""
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
@@ -83,7 +83,7 @@ def test_tape_in_tf_function_matches_one_process(name: str) -> None:
     _assert_identical_everywhere(distributed)
 
 
-def _embedding_grads(sparse_as_dense: bool) -> tf.Tensor:
+def _embedding_grads(sparse_as_dense: Optional[bool]) -> tf.Tensor:
     table = tf.Variable(np.arange(12.0).reshape(6, 2))
 
     @tf.function
@@ -91,9 +91,10 @@ def _embedding_grads(sparse_as_dense: bool) -> tf.Tensor:
         with tf.GradientTape() as tape:
             rows = tf.gather(table, [hvd.rank(), hvd.rank() + 1])
             loss = tf.reduce_sum(rows) * (hvd.rank() + 1)
-        tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+        settings = {} if sparse_as_dense is None else {"sparse_as_dense": sparse_as_dense}
+        tape = hvd.DistributedGradientTape(tape, **settings)
         grad = tape.gradient(loss, [table])[0]
-        assert isinstance(grad, tf.IndexedSlices) != sparse_as_dense
+        assert isinstance(grad, tf.IndexedSlices) != bool(sparse_as_dense)   # default: sparse
         return tf.convert_to_tensor(grad)
     return step().numpy()
 
@@ -103,8 +104,23 @@ def test_indexed_slices_gradients_both_ways() -> None:
     expected = np.zeros((6, 2))
     for k in range(n):
         expected[[k, k + 1]] += (k + 1) / n
-    for sparse_as_dense in (False, True):
+    for sparse_as_dense in (False, True, None):
         np.testing.assert_allclose(_embedding_grads(sparse_as_dense), expected)
+
+
+def test_groups_and_num_groups_reach_the_averager() -> None:
+    # Horovod's num_groups means groups=num_groups; an explicit groups wins.
+    a, b = tf.Variable([1.0]), tf.Variable([2.0])
+    assert hvd.DistributedGradientTape(tf.GradientTape())._averager.groups is None
+    assert hvd.DistributedGradientTape(tf.GradientTape(), num_groups=2)._averager.groups == 2
+    explicit = [[a], [b]]
+    tape = hvd.DistributedGradientTape(tf.GradientTape(), groups=explicit, num_groups=3)
+    assert tape._averager.groups is explicit
+    with tf.GradientTape() as inner:
+        loss = (hvd.rank() + 1.0) * (a[0] + 2.0 * b[0])
+    grads = hvd.DistributedGradientTape(inner, num_groups=2).gradient(loss, [a, b])
+    mean = (hvd.size() + 1) / 2.0
+    np.testing.assert_allclose([g.numpy()[0] for g in grads], [mean, 2.0 * mean])
 
 
 def test_tape_mismatched_variables_raise_everywhere() -> None:

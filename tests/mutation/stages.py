@@ -132,7 +132,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # through the MPI tests that train with them.
     "hvdlite/torch/adasum_optimizer.py": (300, [("mpi2", "tests/mpi/test_adasum.py")]),
     "hvdlite/tensorflow/tape.py": (300, [
-        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py")]),
+        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
+                 "tests/mpi/test_tf_ops.py")]),
     "hvdlite/tensorflow/gradients.py": (300, [
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
                  "tests/mpi/test_keras_fit.py")]),
