@@ -1,7 +1,8 @@
 """Fixtures shared by the unit tests."""
 from __future__ import annotations
 
-from typing import Iterator
+from types import SimpleNamespace
+from typing import Callable, Iterator
 
 import pytest
 
@@ -16,3 +17,15 @@ def device_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(devices, "_EXTRA_BACKENDS", [])
     monkeypatch.setattr(devices, "_PLUGINS", {"fake": "tests.unit.fake_device_plugin"})
     yield
+
+
+@pytest.fixture
+def load(monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimpleNamespace]:
+    """The GPU backends imported afresh over the CuPy and NCCL stand-ins (gpu_ranks.py)."""
+    from tests.unit.gpu_ranks import loader     # only the GPU backend tests pay for it
+    return loader(monkeypatch)
+
+
+@pytest.fixture
+def gpu(load: Callable[..., SimpleNamespace]) -> SimpleNamespace:
+    return load()

@@ -4,7 +4,6 @@ buckets of HVDLITE_GPU_BUCKET_BYTES (a fake GPU tensor stands in for CUDA)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 from typing import Any, Iterator
 
@@ -17,6 +16,7 @@ from hvdlite.api.compression import Compression
 from hvdlite.api.gradients import GradientReducer
 from hvdlite.config import Config
 from hvdlite.core import waiting
+from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor
 
 
 class _Bell:
@@ -61,35 +61,11 @@ def test_a_batch_left_by_an_exception_still_queues_what_it_holds() -> None:
     assert list(queue) == ["submitted before the error"]
 
 
-class _FakeGpuTensor:
-    def __init__(self, count: int) -> None:
-        self.array = np.zeros(count, np.float32)
+def _gpu_tensor(count: int) -> StandInGpuTensor:
+    return StandInGpuTensor(np.zeros(count, np.float32))
 
 
-class _FakeGpuAdapter(adapters.TensorAdapter):
-    framework = "fake-gpu"
-
-    def is_tensor(self, obj: Any) -> bool:
-        return isinstance(obj, _FakeGpuTensor)
-
-    def to_array(self, tensor: Any) -> Any:
-        return tensor.array
-
-    def device(self, tensor: Any) -> str:
-        return "cuda:0"
-
-
-class _Engine:
-    def __init__(self) -> None:
-        self.batches: list[list[str]] = []
-        self.current: list[str] | None = None
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        self.current = []
-        yield
-        self.batches.append(self.current)
-        self.current = None
+_Engine = BatchingEngine
 
 
 @pytest.fixture
@@ -97,7 +73,7 @@ def reducer(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[GradientReducer, 
     engine = _Engine()
     started: list[str] = []
     synchronized: list[int] = []
-    monkeypatch.setattr(adapters, "_REGISTERED", [_FakeGpuAdapter()] + adapters._REGISTERED)
+    monkeypatch.setattr(adapters, "_REGISTERED", [StandInGpuAdapter()] + adapters._REGISTERED)
     monkeypatch.setattr(runtime, "size", lambda: 2)
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     monkeypatch.setattr(runtime, "engine", lambda what="": engine)
@@ -118,7 +94,7 @@ def reducer(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[GradientReducer, 
 def test_gpu_gradients_go_in_buckets_and_the_rest_at_synchronize(reducer: Any) -> None:
     made, engine, synchronized = reducer
     for key in range(5):                       # 100 float32 each: 400 bytes, 3 per bucket
-        made.submit(key, _FakeGpuTensor(100))
+        made.submit(key, _gpu_tensor(100))
         if key < 2:
             assert engine.batches == []        # still in the bucket
     assert engine.batches == [["allreduce.p0", "allreduce.p1", "allreduce.p2"]]
@@ -131,12 +107,12 @@ def test_gpu_gradients_go_in_buckets_and_the_rest_at_synchronize(reducer: Any) -
 def test_a_gradient_in_the_bucket_computed_again_is_refused(reducer: Any) -> None:
     made, _, _ = reducer
     assert made.ready(0) == [0]
-    made.submit(0, _FakeGpuTensor(10))
+    made.submit(0, _gpu_tensor(10))
     with pytest.raises(Exception, match="more than backward_passes_per_step"):
         made.ready(0)
 
 
-class _CountingGpuAdapter(_FakeGpuAdapter):
+class _CountingGpuAdapter(StandInGpuAdapter):
     def __init__(self) -> None:
         self.events = 0
 
@@ -149,7 +125,7 @@ def test_a_batch_of_gpu_tensors_shares_one_ready_event(monkeypatch: pytest.Monke
     from hvdlite.api import submission
     adapter = _CountingGpuAdapter()
     monkeypatch.setattr(runtime, "engine", lambda what="": _Engine())
-    alone = [submission.Input(adapter, _FakeGpuTensor(4), "t").ready for _ in range(2)]
+    alone = [submission.Input(adapter, _gpu_tensor(4), "t").ready for _ in range(2)]
     with submission.together("test"):
-        shared = [submission.Input(adapter, _FakeGpuTensor(4), "t").ready for _ in range(3)]
+        shared = [submission.Input(adapter, _gpu_tensor(4), "t").ready for _ in range(3)]
     assert alone == [1, 2] and shared == [3, 3, 3]

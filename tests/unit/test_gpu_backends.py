@@ -29,16 +29,6 @@ from tests.unit.gpu_ranks import (BF16, DTYPES, ELEMENTWISE, F16, F32, MODULES, 
                                   opened, reduced, widened_size)
 
 
-@pytest.fixture
-def load(monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimpleNamespace]:
-    return loader(monkeypatch)
-
-
-@pytest.fixture
-def gpu(load: Callable[..., SimpleNamespace]) -> SimpleNamespace:
-    return load()
-
-
 def test_the_fake_leaves_nothing_behind() -> None:
     """After a test, no fake module, no backend module imported under it and no
     fake state stays behind (nothing else can import them: there is no CuPy)."""

@@ -5,7 +5,7 @@ NCCL's."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,18 +14,8 @@ from hvdlite.reduce_op import ReduceOp
 from tests.unit import fake_cupy
 from tests.unit.fake_comm import ThreadComm
 from tests.unit.gpu_ranks import (BF16, ELEMENTWISE, F16, F32, SET, SIZES, config,
-                                  contribution, loader, on_gpus, opened, reduced,
+                                  contribution, on_gpus, opened, reduced,
                                   widened_size)
-
-
-@pytest.fixture
-def load(monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimpleNamespace]:
-    return loader(monkeypatch)
-
-
-@pytest.fixture
-def gpu(load: Callable[..., SimpleNamespace]) -> SimpleNamespace:
-    return load()
 
 
 # --- staged.py: through pinned host memory ----------------------------------------------

@@ -4,9 +4,8 @@ settings are refused, what a set of one rank sends, and when GPU gradients leave
 their bucket (stand-in ops, engine and a stand-in GPU tensor record it all)."""
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from hvdlite.api.compression import Compression
 from hvdlite.api.gradients import AveragerSettings, GradientReducer, check_settings, plan_groups
 from hvdlite.config import Config
 from hvdlite.errors import HvdliteError, UsageError
+from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor
 
 
 @pytest.mark.parametrize("keys, groups, sizes", [
@@ -130,34 +130,19 @@ def test_an_averager_keeps_its_compression_and_has_horovods_defaults() -> None:
 
 # -- stand-ins: the ops, the engine, a GPU tensor of whole bytes -----------------------------
 
-class _GpuTensor:
-    """A GPU tensor stand-in: ``nbytes`` bytes of uint8, on "cuda:0"."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.array = np.zeros(nbytes, np.uint8)
+def _gpu_tensor(nbytes: int) -> StandInGpuTensor:
+    """A GPU tensor stand-in of ``nbytes`` bytes."""
+    return StandInGpuTensor(np.zeros(nbytes, np.uint8))
 
 
-class _GpuAdapter(adapters.TensorAdapter):
-    framework = "stand-in-gpu"
-
-    def is_tensor(self, obj: Any) -> bool:
-        return isinstance(obj, _GpuTensor)
-
-    def to_array(self, tensor: Any) -> Any:
-        return tensor.array
-
-    def device(self, tensor: Any) -> str:
-        return "cuda:0"
-
-
-class _Engine:
-    """Records each ``together`` batch: the names started inside it."""
+class _Engine(BatchingEngine):
+    """Records each ``together`` batch (the names started inside it) and the error
+    markers a refused submission sends the peers."""
 
     dead = None
 
     def __init__(self) -> None:
-        self.batches: list[list[str]] = []
-        self.current: Optional[list[str]] = None
+        super().__init__()
         self.markers: list[tuple[str, str]] = []     # (name, error) told to the peers
 
     def submit(self, request: Any) -> int:
@@ -165,12 +150,6 @@ class _Engine:
         self.markers.append((request.desc.name, request.desc.error))
         return -1
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        self.current = []
-        yield
-        self.batches.append(self.current)
-        self.current = None
 
 
 class _Job:
@@ -209,7 +188,7 @@ BUCKET_BYTES = 10
 def job(monkeypatch: pytest.MonkeyPatch) -> _Job:
     """Two ranks, HVDLITE_GPU_BUCKET_BYTES=10, the stand-in GPU adapter registered."""
     made = _Job()
-    monkeypatch.setattr(adapters, "_REGISTERED", [_GpuAdapter()] + adapters._REGISTERED)
+    monkeypatch.setattr(adapters, "_REGISTERED", [StandInGpuAdapter()] + adapters._REGISTERED)
     monkeypatch.setattr(runtime, "size", lambda: 2)
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     monkeypatch.setattr(runtime, "engine", lambda what="": made.engine)
@@ -296,7 +275,7 @@ def test_a_gpu_bucket_leaves_exactly_when_it_reaches_its_byte_count(job: _Job) -
         for key, nbytes, flushed in (("a", 4, []), ("b", 5, []), ("c", 1, ["a", "b", "c"]),
                                      ("d", 9, []), ("e", 1, ["d", "e"]), ("f", 3, [])):
             job.engine.batches.clear()
-            reducer.submit(key, _GpuTensor(nbytes))
+            reducer.submit(key, _gpu_tensor(nbytes))
             expected = [[f"allreduce.{k}" for k in flushed]] if flushed else []
             assert job.engine.batches == expected, (step, key)
         job.engine.batches.clear()
@@ -322,7 +301,7 @@ class _HostTensor:
         self.device_type = device_type
 
 
-class _ReadsItsDeviceAdapter(_GpuAdapter):
+class _ReadsItsDeviceAdapter(StandInGpuAdapter):
     """An adapter that reports the device name its framework gives it, as a string built
     at run time (equal to "cpu", not the same object as the literal)."""
 
@@ -369,9 +348,9 @@ def test_a_refused_bucket_fails_synchronize_without_taking_other_ops_handles(
     reducer = GradientReducer({"allreduce_async_": allreduce_async_, "synchronize": table.wait},
                               {"a": "a", "b": "b"}, Compression.none, 1, hvd.Average, 1.0,
                               None, ({}, []))
-    reducer.submit("a", _GpuTensor(4))
+    reducer.submit("a", _gpu_tensor(4))
     with pytest.raises(UsageError, match="allreduce.a refused"):
-        reducer.submit("b", _GpuTensor(BUCKET_BYTES))     # fills the bucket: a is refused
+        reducer.submit("b", _gpu_tensor(BUCKET_BYTES))     # fills the bucket: a is refused
     # Neither was started: neither is pending (as for a refused CPU gradient), and the
     # peers are told that b failed here rather than waiting for it.
     assert reducer.pending == {}
@@ -383,10 +362,10 @@ def test_a_refused_bucket_fails_synchronize_without_taking_other_ops_handles(
 def test_a_refusal_inside_a_bucket_keeps_the_gradients_started_before_it(job: _Job) -> None:
     reducer = job.reducer()
     job.refuse.add("allreduce.b")
-    reducer.submit("a", _GpuTensor(3))
-    reducer.submit("b", _GpuTensor(3))
+    reducer.submit("a", _gpu_tensor(3))
+    reducer.submit("b", _gpu_tensor(3))
     with pytest.raises(UsageError, match="allreduce.b refused"):
-        reducer.submit("c", _GpuTensor(4))        # 10 bytes: the bucket goes, b is refused
+        reducer.submit("c", _gpu_tensor(4))        # 10 bytes: the bucket goes, b is refused
     assert job.names() == ["allreduce.a"] and list(reducer.pending) == ["a"]
     assert job.engine.markers == [("allreduce.c", "allreduce.b refused")]
     job.refuse.clear()
