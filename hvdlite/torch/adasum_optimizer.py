@@ -50,6 +50,13 @@ class AdasumDistributedOptimizer(DistributedOptimizer):
         self._names = _parameter_names(optimizer, named_parameters)
         self._should_synchronize = True
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """{parameter: name}, as DistributedOptimizer's (parameters of groups added
+        later are named "noname.N")."""
+        return {p: self._names[id(p)] for group in self._optimizer.param_groups
+                for p in group["params"]}
+
     def _trainable(self) -> list[torch.Tensor]:
         return [p for group in self._optimizer.param_groups for p in group["params"]
                 if p.requires_grad]

@@ -169,6 +169,38 @@ def test_optimizer_refuses_a_predivide_factor() -> None:
     torch = pytest.importorskip("torch")
     import hvdlite.torch as hvdt
     model = torch.nn.Linear(2, 1)
-    with pytest.raises(hvd.UsageError, match="gradient_predivide_factor"):
-        hvdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  op=hvdt.Adasum, gradient_predivide_factor=2.0)
+    for factor in (2.0, 0.5):
+        with pytest.raises(hvd.UsageError, match="gradient_predivide_factor"):
+            hvdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      op=hvdt.Adasum, gradient_predivide_factor=factor)
+
+
+def test_optimizer_backward_passes_and_zero_grad() -> None:
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvdt
+    model = torch.nn.Linear(2, 1)
+
+    def adasum(**settings: object) -> "torch.optim.Optimizer":
+        return hvdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         op=hvdt.Adasum, **settings)
+    for passes in (0, -1):
+        with pytest.raises(hvd.UsageError, match="backward_passes_per_step must be >= 1"):
+            adasum(backward_passes_per_step=passes)
+    opt = adasum(backward_passes_per_step=2)      # accepted: gradients accumulate until step()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.zero_grad()                               # torch's default: gradients become None
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_optimizer_names_its_parameters_added_groups_included() -> None:
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvdt
+    model, extra, more = torch.nn.Linear(2, 1), torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    opt = hvdt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters(), op=hvdt.Adasum)
+    opt.add_param_group({"params": list(extra.parameters())})
+    opt.add_param_group({"params": list(more.parameters())})
+    names = opt._parameter_names
+    assert [names[p] for p in model.parameters()] == ["weight", "bias"]
+    assert [names[p] for p in extra.parameters()] == ["noname.2", "noname.3"]
+    assert [names[p] for p in more.parameters()] == ["noname.4", "noname.5"]
