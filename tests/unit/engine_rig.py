@@ -84,6 +84,7 @@ class Bell:
     def __init__(self) -> None:
         self.waits: list[float] = []
         self.ready_answers: list[bool] = []
+        self.rings = 0
 
     def listen(self, timeout: float, ready: Callable[[], bool]) -> bool:
         self.waits.append(timeout)
@@ -91,7 +92,7 @@ class Bell:
         return self.ready_answers[-1]
 
     def ring(self) -> None:
-        pass
+        self.rings += 1
 
     def ring_always(self) -> None:
         pass

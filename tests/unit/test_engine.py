@@ -181,16 +181,28 @@ def test_an_idle_engine_runs_no_full_rounds(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_each_pending_tensor_is_reported_with_how_long_it_has_waited(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = set_up()
+    engine = set_up(stall_check_time=0)          # an hours-old request is no stall here
     rounds = FullRounds(engine, monkeypatch)
     request = allreduce("a")
-    request.submitted_at -= 5.0                   # submitted five seconds ago
+    # Submitted when the clock read a third of now: an age that is not a remainder.
+    request.submitted_at = time.monotonic() / 3
     engine.submit(request)
+    before = time.monotonic() - request.submitted_at
     assert engine._iteration()
     ((set_id, report),) = rounds.sent
     ((desc, age),) = report.descs
     assert set_id == 0 and desc == request.desc and not report.shutdown
-    assert 5.0 <= age <= time.monotonic() - request.submitted_at
+    assert before <= age <= time.monotonic() - request.submitted_at
+
+
+def test_a_submission_rings_the_doorbell_unless_it_waits_in_a_batch() -> None:
+    engine = set_up()
+    engine._doorbell = bell = Bell()
+    engine.submit(allreduce("alone"))
+    assert bell.rings == 1                        # the engine wakes for it at once
+    with engine.batch():
+        engine.submit(allreduce("batched"))
+        assert bell.rings == 1                    # the batch rings once, at its end
 
 
 def test_a_failed_collective_does_not_hold_up_those_agreed_after_it() -> None:
