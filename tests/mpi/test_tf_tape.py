@@ -165,3 +165,16 @@ def test_one_rank_set_reduces_nothing() -> None:
     finally:
         for single in singles:
             hvd.remove_process_set(single)
+
+
+def test_gradients_and_variables_must_pair_up() -> None:
+    a, b = tf.Variable([1.0]), tf.Variable([2.0])
+    averager = hvd.DistributedGradientTape(tf.GradientTape())._averager
+    for grads in ([tf.ones([1])], [tf.ones([1])] * 3):      # too few, too many: refused here
+        with pytest.raises(hvd.UsageError, match=f"{len(grads)} gradients for 2 variables"):
+            averager(grads, [a, b])
+    # Past CPython's shared small ints, equal counts are still equal.
+    many = [tf.Variable([float(i)]) for i in range(300)]
+    averaged = averager([tf.ones([1])] * 300, many)
+    np.testing.assert_array_equal(np.concatenate([g.numpy() for g in averaged]), np.ones(300))
+
