@@ -2,7 +2,8 @@
 
 A writer thread appends each event just before the closing bracket, in one
 write, so the file is a valid JSON array after every write and a crash leaves a
-readable trace (a read racing with a write may see it half done). The engine only enqueues tuples; it never waits on the disk.
+readable trace (a read racing with a write may see it half done). The engine
+only enqueues tuples; it never waits on the disk.
 """
 from __future__ import annotations
 
