@@ -215,15 +215,32 @@ class GradientReducer:
 
     def wait_all(self, store: Callable[[Any, Any], None]) -> None:
         """Wait for every pending reduction; ``store(grad, restored)`` writes a
-        decompressed result back when the wire tensor was a compressed copy."""
-        self.flush()
-        for handle, grad, wire, context in self.pending.values():
-            if handle is None:
-                continue                # a set of one rank: the gradient is its own mean
-            self._synchronize(handle)
-            if wire is not grad:
-                store(grad, self._compression.decompress(wire, context))
-        self.reset()
+        decompressed result back when the wire tensor was a compressed copy.
+
+        If some fail, the others are still waited for and the first error is raised
+        after: either way nothing is left pending, so the next backward (an elastic
+        retry, or a caught error mended) starts clean instead of finding gradients
+        "still being averaged" that no step will ever collect."""
+        errors: list[HvdliteError] = []
+        try:
+            try:
+                self.flush()
+            except HvdliteError as error:
+                errors.append(error)
+            for handle, grad, wire, context in self.pending.values():
+                if handle is None or handle == _IN_BUCKET:
+                    continue            # a set of one rank: the gradient is its own mean
+                try:
+                    self._synchronize(handle)
+                except HvdliteError as error:
+                    errors.append(error)
+                    continue
+                if wire is not grad:
+                    store(grad, self._compression.decompress(wire, context))
+        finally:
+            self.reset()
+        if errors:
+            raise errors[0]
 
     def reset(self) -> None:
         self._bucket, self._bucket_bytes = [], 0

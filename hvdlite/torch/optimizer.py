@@ -158,18 +158,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 recorder.optimizer_wait_end(started)
 
     def _synchronize(self) -> None:
-        if not self._synchronized:
-            missed = [p for p in self._params if id(p) not in self._reducer.pending
-                      and id(p) not in self._sparse_pending]
-            if missed:
-                self._submit_all(missed)
-        self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
+        """Every started reduction is waited for even when one fails, and the first
+        error raised after: nothing is left pending (see GradientReducer.wait_all)."""
+        errors: list[HvdliteError] = []
+        try:
+            if not self._synchronized:
+                missed = [p for p in self._params if id(p) not in self._reducer.pending
+                          and id(p) not in self._sparse_pending]
+                if missed:
+                    self._submit_all(missed)
+        except HvdliteError as error:
+            errors.append(error)
+        try:
+            self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
+        except HvdliteError as error:
+            errors.append(error)
         for param, handle in self._sparse_pending.values():
-            param.grad = OPS["synchronize"](handle)
+            try:
+                param.grad = OPS["synchronize"](handle)
+            except HvdliteError as error:
+                errors.append(error)
         self._sparse_pending.clear()
         for param in self._densified:       # reduced dense; the optimizer (SparseAdam)
             param.grad = param.grad.to_sparse()   # expects the gradient it produced
         self._densified.clear()
+        if errors:
+            raise errors[0]
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -258,3 +258,28 @@ def test_op_as_the_fifth_positional_argument() -> None:
                                          list(model.named_parameters()),
                                          hvd.Compression.none, 1, hvd.Adasum)
     assert type(optimizer).__name__ == "AdasumDistributedOptimizer"
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_step_whose_averaging_failed_leaves_nothing_pending(sparse: bool) -> None:
+    """A step that raised (here: rank 0's model is float32, the others' float64:
+    a MismatchError on every rank) must leave the optimizer usable once the cause
+    is mended, as an elastic retry or a caught error expects: nothing pending,
+    so zero_grad() and the next step work and average."""
+    torch.manual_seed(6)
+    table = torch.nn.Embedding(4, 3, sparse=sparse).double()
+    if hvd.rank() == 0:
+        table.float()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(table.parameters(), lr=0.5))
+    table(torch.tensor([hvd.rank() % 4])).sum().backward()
+    with pytest.raises(hvd.MismatchError, match="dtype"):
+        optimizer.step()
+    table.double()                      # mended: the same dtype everywhere
+    optimizer.zero_grad()               # raised "still being averaged" before the fix
+    before = table.weight.detach().clone()
+    table(torch.tensor([hvd.rank() % 4])).sum().backward()
+    optimizer.step()
+    counts = np.bincount([r % 4 for r in range(hvd.size())], minlength=4) / hvd.size()
+    expected = before - 0.5 * torch.tensor(counts)[:, None]
+    np.testing.assert_allclose(table.weight.detach().numpy(), expected.numpy(), rtol=0, atol=1e-12)
+    assert_identical_everywhere([table.weight.detach().numpy()])

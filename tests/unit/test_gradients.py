@@ -371,3 +371,27 @@ def test_a_refusal_inside_a_bucket_keeps_the_gradients_started_before_it(job: _J
     job.refuse.clear()
     reducer.wait_all(lambda g, restored: None)    # a is waited for; nothing else is
     assert job.synchronized == [0] and reducer.pending == {}
+
+
+# -- a reduction that fails ------------------------------------------------------------------
+
+def test_a_failed_reduction_leaves_nothing_pending_and_the_others_are_waited_for(
+        job: _Job) -> None:
+    reducer = job.reducer(keys="abc", compression=Compression.fp16)
+    for key in "abc":
+        reducer.submit(key, np.ones(2, np.float32))
+    failing = {1: hvd.MismatchError("b: dtype differs"), 2: HvdliteError("c: peer lost")}
+
+    def synchronize(handle: int) -> None:
+        job.synchronized.append(handle)
+        if handle in failing:
+            raise failing[handle]
+    reducer._synchronize = synchronize
+    stored: list = []
+    with pytest.raises(hvd.MismatchError, match="b: dtype differs"):   # the first error
+        reducer.wait_all(lambda grad, restored: stored.append(restored))
+    assert job.synchronized == [0, 1, 2]         # c was still waited for
+    assert len(stored) == 1                      # a's result was written back
+    assert reducer.pending == {}
+    reducer.submit("a", np.ones(2, np.float32))  # the next backward starts clean
+    assert reducer.pending.keys() == {"a"}
