@@ -104,8 +104,8 @@ class _Distributed:
         accumulators = [self._hvdlite_accumulators[self._get_variable_index(v)]
                         for v in variables]
         for accumulator, grad in zip(accumulators, grads):
-            if grad is not None:
-                accumulator.assign_add(_dense(grad))
+            if grad is not None:   # IndexedSlices too: assign_add scatters them
+                accumulator.assign_add(grad)
         self._hvdlite_passes.assign_add(1)
         # Divide by k (exact in any float type); a Python scale 1/k would be cast to
         # floatx first and round in float32.
@@ -122,13 +122,6 @@ class _Distributed:
 
         due = keras.ops.equal(keras.ops.mod(self._hvdlite_passes.value, settings.passes), 0)
         keras.ops.cond(due, update, lambda: None)
-
-
-def _dense(grad: Any) -> Any:
-    """IndexedSlices (TensorFlow) become dense to be accumulated."""
-    if type(grad).__name__ == "IndexedSlices":
-        return keras.ops.convert_to_tensor(grad)
-    return grad
 
 
 def distributed_class(base: type, settings: Settings) -> type:
