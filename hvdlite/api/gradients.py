@@ -228,7 +228,7 @@ class GradientReducer:
             except HvdliteError as error:
                 errors.append(error)
             for handle, grad, wire, context in self.pending.values():
-                if handle is None or handle == _IN_BUCKET:
+                if handle is None:      # flush() left nothing in the bucket
                     continue            # a set of one rank: the gradient is its own mean
                 try:
                     self._synchronize(handle)

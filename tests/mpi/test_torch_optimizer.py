@@ -260,26 +260,58 @@ def test_op_as_the_fifth_positional_argument() -> None:
     assert type(optimizer).__name__ == "AdasumDistributedOptimizer"
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_a_step_whose_averaging_failed_leaves_nothing_pending(sparse: bool) -> None:
-    """A step that raised (here: rank 0's model is float32, the others' float64:
-    a MismatchError on every rank) must leave the optimizer usable once the cause
-    is mended, as an elastic retry or a caught error expects: nothing pending,
-    so zero_grad() and the next step work and average."""
+
+def _table_and_layer() -> tuple["torch.nn.Module", "torch.nn.Module"]:
     torch.manual_seed(6)
-    table = torch.nn.Embedding(4, 3, sparse=sparse).double()
+    return torch.nn.Embedding(4, 3, sparse=True).double(), _linear(7)
+
+
+def _loss(table: "torch.nn.Module", layer: "torch.nn.Module") -> "torch.Tensor":
+    row = table(torch.tensor([hvd.rank() % 4]))
+    return row.sum() + layer(_batch(hvd.rank(), 0).to(layer.weight.dtype)).sum()
+
+
+@pytest.mark.parametrize("mismatched", ["dense", "sparse"])
+def test_a_step_whose_averaging_failed_leaves_nothing_pending(mismatched: str) -> None:
+    """A step that raised (here: one module float32 on rank 0 and float64 on the
+    others: a MismatchError on every rank) leaves the optimizer usable once the
+    cause is mended, as a caught error or an elastic retry expects: the other
+    gradients' reductions were still collected, nothing is pending, zero_grad()
+    and the next step work and average."""
+    table, layer = _table_and_layer()
     if hvd.rank() == 0:
-        table.float()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(table.parameters(), lr=0.5))
-    table(torch.tensor([hvd.rank() % 4])).sum().backward()
+        (layer if mismatched == "dense" else table).float()
+    params = list(table.parameters()) + list(layer.parameters())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.5))
+    _loss(table, layer).backward()
     with pytest.raises(hvd.MismatchError, match="dtype"):
         optimizer.step()
-    table.double()                      # mended: the same dtype everywhere
+    table.double(), layer.double()      # mended: the same dtype everywhere
     optimizer.zero_grad()               # raised "still being averaged" before the fix
     before = table.weight.detach().clone()
-    table(torch.tensor([hvd.rank() % 4])).sum().backward()
+    _loss(table, layer).backward()
     optimizer.step()
     counts = np.bincount([r % 4 for r in range(hvd.size())], minlength=4) / hvd.size()
     expected = before - 0.5 * torch.tensor(counts)[:, None]
     np.testing.assert_allclose(table.weight.detach().numpy(), expected.numpy(), rtol=0, atol=1e-12)
-    assert_identical_everywhere([table.weight.detach().numpy()])
+    assert_identical_everywhere([p.detach().numpy() for p in params])
+
+
+def test_a_failure_submitting_the_missing_gradients_leaves_nothing_pending() -> None:
+    """The engine stopped while synchronize() sent zeros for the parameters this
+    rank computed no gradient for: the ones already sent are still collected."""
+    table, layer = _table_and_layer()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(
+        list(table.parameters()) + list(layer.parameters()), lr=0.5))
+    layer(_batch(hvd.rank(), 0)).sum().backward()       # the table has no gradient
+
+    def engine_stopped(missed: list) -> None:
+        raise hvd.PeerLostError("simulated: the engine stopped")
+    optimizer._submit_all = engine_stopped
+    with pytest.raises(hvd.PeerLostError, match="simulated"):
+        optimizer.step()
+    del optimizer._submit_all
+    optimizer.zero_grad()
+    _loss(table, layer).backward()
+    optimizer.step()
+    assert_identical_everywhere([p.detach().numpy() for p in layer.parameters()])

@@ -395,3 +395,26 @@ def test_a_failed_reduction_leaves_nothing_pending_and_the_others_are_waited_for
     assert reducer.pending == {}
     reducer.submit("a", np.ones(2, np.float32))  # the next backward starts clean
     assert reducer.pending.keys() == {"a"}
+
+
+def test_a_refusal_when_synchronize_flushes_the_bucket_still_waits_for_the_started(
+        job: _Job) -> None:
+    reducer = job.reducer()
+    reducer.submit("a", np.ones(2, np.float32))    # a CPU gradient: started at once
+    job.refuse.add("allreduce.b")
+    reducer.submit("b", _gpu_tensor(3))            # waits in the bucket until synchronize
+    with pytest.raises(UsageError, match="allreduce.b refused"):
+        reducer.wait_all(lambda grad, restored: None)
+    assert job.synchronized == [0] and reducer.pending == {}
+
+
+def test_an_error_writing_a_result_back_leaves_nothing_pending(job: _Job) -> None:
+    reducer = job.reducer(keys="ab", compression=Compression.fp16)
+    for key in "ab":
+        reducer.submit(key, np.ones(2, np.float32))
+
+    def store(grad: Any, restored: Any) -> None:
+        raise RuntimeError("the gradient's storage was freed")
+    with pytest.raises(RuntimeError, match="storage was freed"):
+        reducer.wait_all(store)
+    assert reducer.pending == {}
