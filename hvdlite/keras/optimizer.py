@@ -69,6 +69,28 @@ class _Distributed:
                                                      initializer="zeros",
                                                      name="hvdlite_passes")
 
+    def _hvdlite_plain_variables(self) -> list[Any]:
+        """The wrapped optimizer's own state, without the accumulation's variables."""
+        ours = {id(v) for v in self.__dict__.get("_hvdlite_accumulators", ())}
+        ours.add(id(self.__dict__.get("_hvdlite_passes")))
+        return [v for v in self.variables if id(v) not in ours]
+
+    def save_own_variables(self, store: Any) -> None:
+        """Saved as the plain optimizer would be: a model saved while accumulating
+        loads with its optimizer state (momentum, moments) into load_model's
+        DistributedOptimizer, which accumulates nothing, and into the plain class.
+        The accumulators, zero after every applied update, start again from zero."""
+        for i, variable in enumerate(self._hvdlite_plain_variables()):
+            store[str(i)] = keras.ops.convert_to_numpy(variable)
+
+    def load_own_variables(self, store: Any) -> None:
+        plain = self._hvdlite_plain_variables()
+        if len(store.keys()) != len(plain):
+            super().load_own_variables(store)   # a file with the accumulators, or Keras' warning
+            return
+        for i, variable in enumerate(plain):
+            variable.assign(store[str(i)])
+
     def _hvdlite_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
         reducer = self.__dict__.get("_hvdlite_reducer")
         if reducer is None:

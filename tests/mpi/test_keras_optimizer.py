@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 import os
 from typing import Any
 
@@ -40,6 +41,8 @@ def test_the_defaults_are_horovods_and_cannot_be_changed_in_place() -> None:
     # load_model's re-wrapped optimizers: the same defaults with its compression.
     assert keras_optimizer.Settings(compression=hvd.Compression.none) == dataclasses.replace(
         settings, process_set=None)
+    none = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=None)
+    assert type(none)._hvdlite.compression is hvd.Compression.none
     # The settings live on a class that every copy of the optimizer shares.
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.passes = 2   # type: ignore[misc]
@@ -187,3 +190,79 @@ def test_the_xla_notice_is_said_once_and_by_rank_zero_only() -> None:
         logging.getLogger("hvdlite").removeHandler(records)
     notices = [m for m in records.messages if "without XLA" in m]
     assert len(notices) == (1 if hvd.rank() == 0 else 0), notices
+
+
+def test_apply_refuses_xla_and_its_errors_reach_the_caller_as_themselves() -> None:
+    from hvdlite.tensorflow import XlaCompileError
+    model = _dense_model()
+    x, y = (tf.constant(_mine(a)) for a in _batches(1, PER_RANK * hvd.size())[0])
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=True)
+    def compiled(x: tf.Tensor, y: tf.Tensor) -> None:
+        optimizer.apply(_grads(model, x, y), model.trainable_variables)
+    with pytest.raises(XlaCompileError, match=r"DistributedOptimizer\.apply cannot run inside"):
+        compiled(x, y)
+    unbuilt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+
+    @tf.function
+    def traced(x: tf.Tensor, y: tf.Tensor) -> None:
+        unbuilt.apply(_grads(model, x, y))
+    with pytest.raises(hvd.UsageError) as raised:
+        traced(x, y)
+    assert type(raised.value) is hvd.UsageError
+    assert str(raised.value).startswith("apply(grads) without variables needs a built optimizer")
+
+
+def test_a_model_saved_while_accumulating_loads_with_its_optimizer_state(tmp_path: Any) -> None:
+    model = _dense_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                                     backward_passes_per_step=2), loss="mse")
+    x, y = _batches(1, 4 * PER_RANK)[0]
+    model.fit(x, y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations) == 2
+    path = str(tmp_path / f"accumulating_{hvd.rank()}.keras")
+    model.save(path)
+    momentum = [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables
+                if "momentum" in v.path]
+    for load in (hvd.load_model, keras.models.load_model):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # Keras warns when it skips the state
+            loaded = load(path)
+        assert int(loaded.optimizer.iterations) == 2
+        restored = [keras.ops.convert_to_numpy(v) for v in loaded.optimizer.variables
+                    if "momentum" in v.path]
+        assert len(restored) == len(momentum) == 2
+        for a, b in zip(restored, momentum):
+            np.testing.assert_array_equal(a, b)
+    # Into a model whose optimizer accumulates: the state goes to the plain part.
+    again = _dense_model()
+    again.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                                     backward_passes_per_step=2), loss="mse")
+    again.fit(x, -y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)   # other state
+    again.load_weights(path)
+    restored = [keras.ops.convert_to_numpy(v) for v in again.optimizer.variables
+                if "momentum" in v.path]
+    for a, b in zip(restored, momentum):
+        np.testing.assert_array_equal(a, b)
+    # Another optimizer's state does not fit: Keras says so and loads none of it.
+    other = _dense_model()
+    other.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.1),
+                                                     backward_passes_per_step=2), loss="mse")
+    other.fit(x, y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+        other.load_weights(path)
+    assert type(hvd.load_model(path, compression=None).optimizer)._hvdlite.compression is (
+        hvd.Compression.none)
+
+
+@pytest.mark.parametrize("name, prefix", [(None, "DistributedSGD"), ("mine", "mine")])
+def test_the_name_prefixes_the_optimizers_collectives_and_messages(name: str,
+                                                                    prefix: str) -> None:
+    model = _dense_model()
+    x, y = _batches(1, PER_RANK * hvd.size())[0]
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), name=name)
+    grads = _grads(model, _mine(x), _mine(y))
+    with pytest.raises(hvd.UsageError, match=rf"^{prefix}: 1 gradients for 2 variables"):
+        optimizer.apply(grads[:1], model.trainable_variables)

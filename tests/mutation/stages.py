@@ -138,8 +138,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
                  "tests/mpi/test_keras_fit.py")]),
     "hvdlite/keras/optimizer.py": (400, [
-        ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py "
-                 "tests/mpi/test_keras_optimizer.py"),
+        ("mpi2", "tests/mpi/test_keras_optimizer.py"),     # its own tests first: seconds
+        ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py"),
         ("mpi2", "tests/mpi/test_keras_elastic.py")]),
     # The backends: their unit tests first, then the real MPI runs of the collectives
     # and of the byte counters (hvd.traffic()). Each MPI stage takes seconds here; the
