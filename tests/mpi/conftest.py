@@ -75,3 +75,19 @@ def keras_optimizers(keras: object) -> dict:
     return {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),  # type: ignore[attr-defined]
             "adam": lambda: keras.optimizers.Adam(0.01)}  # type: ignore[attr-defined]
 
+
+def keras_on_tensorflow() -> tuple:
+    """(tensorflow, keras) for a module whose tests run Keras on the TensorFlow backend,
+    one intra-op thread per rank. Skips the module where TensorFlow is not installed
+    (make test's Open MPI venv) or Keras runs on another backend."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf = pytest.importorskip("tensorflow", reason=(
+        "TensorFlow is not installed in this venv (make test's Open MPI venv, .venv-ompi, "
+        "has NumPy and torch only)"))
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    return tf, keras
+

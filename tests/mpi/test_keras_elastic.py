@@ -6,26 +6,21 @@ epoch and batch and commit every N batches; the run decorator recovers from a
 collective failure raised inside a compiled step; bad inputs are refused."""
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from typing import Any, Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
-if keras.backend.backend() != "tensorflow":
-    pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+from tests.mpi.conftest import assert_identical_everywhere, keras_on_tensorflow, keras_optimizers
+
+tf, keras = keras_on_tensorflow()
 
 import hvdlite.keras as hvd  # noqa: E402
 import hvdlite.tensorflow as hvdtf  # noqa: E402
 from hvdlite.api.control import reconfigure  # noqa: E402
 from hvdlite.errors import PeerLostError, StateError, UsageError  # noqa: E402
-from tests.mpi.conftest import assert_identical_everywhere, keras_optimizers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 BATCH = 4          # rows per rank per step

@@ -3,22 +3,16 @@ every batch, reaches the weights of one process trained on the whole batch and
 keeps bitwise-identical copies; callbacks, accumulation, load_model, bad input."""
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-tf = pytest.importorskip(
-    "tensorflow", reason="TensorFlow is not installed in this venv (make test's Open MPI venv, .venv-ompi, has NumPy and torch only)")
-keras = pytest.importorskip("keras")
-if keras.backend.backend() != "tensorflow":
-    pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+from tests.mpi.conftest import assert_identical_everywhere, keras_on_tensorflow, keras_optimizers
+
+tf, keras = keras_on_tensorflow()
 
 import hvdlite.keras as hvd  # noqa: E402
-from tests.mpi.conftest import assert_identical_everywhere, keras_optimizers  # noqa: E402
 
 PER_RANK = 4           # rows per rank per micro-batch
 TOLERANCE = 1e-10      # float64 model: only the summation order differs

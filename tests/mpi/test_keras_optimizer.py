@@ -8,23 +8,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-import os
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-tf = pytest.importorskip(
-    "tensorflow", reason="TensorFlow is not installed in this venv (make test's Open MPI venv, .venv-ompi, has NumPy and torch only)")
-keras = pytest.importorskip("keras")
-if keras.backend.backend() != "tensorflow":
-    pytest.skip("these tests run Keras on the TensorFlow backend", allow_module_level=True)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+from tests.mpi.conftest import assert_identical_everywhere, keras_on_tensorflow
+
+tf, keras = keras_on_tensorflow()
 
 import hvdlite.keras as hvd  # noqa: E402
 from hvdlite.keras import optimizer as keras_optimizer  # noqa: E402
-from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
 
 PER_RANK = 3             # rows per rank per micro-batch
 TOLERANCE = 1e-12        # float64 models: only the summation order differs
