@@ -228,8 +228,8 @@ class GradientReducer:
             except HvdliteError as error:
                 errors.append(error)
             for handle, grad, wire, context in self.pending.values():
-                if handle is None:      # flush() left nothing in the bucket
-                    continue            # a set of one rank: the gradient is its own mean
+                if handle is None:      # a set of one rank: the gradient is its own mean
+                    continue            # (flush() leaves no gradient in the bucket)
                 try:
                     self._synchronize(handle)
                 except HvdliteError as error:
