@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.bench.floor import handoff_floor, lone_median
+from hvdlite.bench.floor import handoff_floor, lone_median, negotiated_floor
 from hvdlite.bench.timing import seconds_per_call
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
@@ -61,13 +61,15 @@ def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
     """A 4-byte allreduce right after a barrier, after an idle gap: the first gradient
     of a step after compute, when the engine has gone idle. Median over repeats of
     the slowest rank's time, and the engine's idle CPU use; beside it the floor of any
-    design where one thread talks to MPI (hvdlite/bench/floor.py)."""
+    design where one thread talks to MPI, without and with a negotiation round
+    (hvdlite/bench/floor.py)."""
     tiny = np.zeros(1, dtype=np.float32)
     raw = lone_median(comm, lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM),
                       repeats, idle_s)
     ours = lone_median(comm, lambda: hvd.allreduce_(tiny, op=hvd.Sum, name="lone"),
                        repeats, idle_s)
     floor = handoff_floor(comm, repeats, idle_s)
+    negotiated = negotiated_floor(comm, repeats, idle_s)
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     time.sleep(1.0)          # only the engine runs: its idle cost
     idle = (time.process_time() - cpu_start) / (time.perf_counter() - wall_start)
@@ -76,7 +78,8 @@ def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
         f"{repeats}): hvdlite {ours * 1e6:.1f} us, raw mpi4py {raw * 1e6:.1f} us (target: "
         f"<= 60 us); idle engine CPU {idle * 100:.1f}% of a core\n"
         f"  floor with one MPI thread (the raw allreduce handed to another thread and back "
-        f"through bare locks, no hvdlite): {floor * 1e6:.1f} us")
+        f"through bare locks, no hvdlite): {floor * 1e6:.1f} us; with one agreement round "
+        f"before it, as a negotiated op needs: {negotiated * 1e6:.1f} us")
 
 
 def _allocating(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:

@@ -6,6 +6,8 @@ no hvdlite code: the raw 4-byte allreduce of the lone-op figure, run by a helper
 thread that the caller wakes by releasing a lock and that wakes the caller the
 same way (the cheapest hand-off Python has). hvdlite's lone op adds a negotiation
 round and its Python to this; a target below it cannot be met by the design.
+``negotiated_floor`` adds the round: one non-blocking agreement allreduce before the
+data, still with no hvdlite code, so the rest of hvdlite's lone op is its own Python.
 """
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
+
+# hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY (1024): a flag word
+# and one bit per cached response, in 64-bit words.
+ROUND_WORDS = 1 + 1024 // 64
 
 
 def lone_median(comm: MPI.Comm, op: Callable[[], object], repeats: int,
@@ -35,11 +41,39 @@ def lone_median(comm: MPI.Comm, op: Callable[[], object], repeats: int,
 
 def handoff_floor(comm: MPI.Comm, repeats: int, idle_s: float) -> float:
     """``lone_median`` of a 4-byte allreduce that a helper thread runs for the caller."""
+    tiny = np.zeros(1, dtype=np.float32)
+    return _helped_median(comm, lambda private: private.Allreduce(
+        MPI.IN_PLACE, tiny, op=MPI.SUM), repeats, idle_s)
+
+
+def negotiated_floor(comm: MPI.Comm, repeats: int, idle_s: float,
+                     round_words: int = ROUND_WORDS) -> float:
+    """``lone_median`` of the least a negotiated lone op does: the helper thread first
+    agrees in one non-blocking bitwise-AND allreduce of ``round_words`` words (as
+    wide as hvdlite's round at the default cache capacity), polled until done as
+    hvdlite's engine polls, and only then runs the 4-byte allreduce. No hvdlite code:
+    what is above this in hvdlite's lone op is its own Python."""
+    tiny = np.zeros(1, dtype=np.float32)
+    vector = np.zeros(round_words, dtype=np.uint64)
+
+    def agree_then_reduce(private: MPI.Comm) -> None:
+        vector[:] = 1
+        request = private.Iallreduce(MPI.IN_PLACE, vector, op=MPI.BAND)
+        while not request.Test():
+            pass
+        private.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM)
+    return _helped_median(comm, agree_then_reduce, repeats, idle_s)
+
+
+def _helped_median(comm: MPI.Comm, work: Callable[[MPI.Comm], object], repeats: int,
+                   idle_s: float) -> float:
+    """``lone_median`` of handing ``work`` (on a private communicator) to a helper
+    thread that the caller wakes by releasing a lock and that wakes the caller the same
+    way, the cheapest hand-off Python has."""
     private = comm.Dup()
     wake, finished = threading.Lock(), threading.Lock()
     wake.acquire()
     finished.acquire()
-    tiny = np.zeros(1, dtype=np.float32)
     stop = []
 
     def helper() -> None:
@@ -47,7 +81,7 @@ def handoff_floor(comm: MPI.Comm, repeats: int, idle_s: float) -> float:
             wake.acquire()
             if stop:
                 return
-            private.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM)
+            work(private)
             finished.release()
 
     thread = threading.Thread(target=helper, name="floor-helper", daemon=True)
