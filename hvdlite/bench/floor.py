@@ -18,9 +18,12 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-# hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY (1024): a flag word
-# and one bit per cached response, in 64-bit words.
-ROUND_WORDS = 1 + 1024 // 64
+from hvdlite.config import Config
+from hvdlite.core.cache import ResponseCache
+
+# hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
+# cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
+ROUND_WORDS = 1 + ResponseCache(Config().cache_capacity).words
 
 
 def lone_median(comm: MPI.Comm, op: Callable[[], object], repeats: int,
