@@ -54,14 +54,17 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: PS = None) -> Any:
         """Reduce ``tensor`` across the process set (default op: Average)."""
+        if compression is None:      # the common case, without two more calls
+            return sync(c.allreduce_async(a, tensor, average, name, op, prescale_factor,
+                                          postscale_factor, process_set))
         return compressed(compression, tensor, lambda wire: sync(allreduce_async(
             wire, average, name, op, prescale_factor, postscale_factor, process_set)))
 
     def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                    op: Optional[int] = None, prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0, process_set: PS = None) -> Any:
-        return sync(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                     postscale_factor, process_set))
+        return sync(c.allreduce_async(a, tensor, average, name, op, prescale_factor,
+                                      postscale_factor, process_set, inplace=True))
 
     def grouped_allreduce_async(tensors: Sequence[Any], average: Optional[bool] = None,
                                 name: Optional[str] = None, op: Optional[int] = None,

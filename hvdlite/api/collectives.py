@@ -41,8 +41,11 @@ def allreduce_async(adapter: TensorAdapter, tensor: Any, average: Optional[bool]
             output, writeback = inplace_output(source, "allreduce_", adapter.writable(tensor))
         else:
             output, writeback = _fresh_output(source), None
-        prescale = check_scale(prescale_factor, "prescale_factor")
-        postscale = check_scale(postscale_factor, "postscale_factor")
+        # Checked only when given: a lone op after idle pays for every call it makes.
+        prescale = (1.0 if prescale_factor == 1.0 else
+                    check_scale(prescale_factor, "prescale_factor"))
+        postscale = (1.0 if postscale_factor == 1.0 else
+                     check_scale(postscale_factor, "postscale_factor"))
     except ARGUMENT_ERRORS as error:
         call.mark(error)
         raise

@@ -8,9 +8,7 @@ responses do I have a matching request for"; bits set on every rank are agreed.
 from __future__ import annotations
 
 import collections
-from typing import Optional
-
-import numpy as np
+from typing import Any, Optional
 
 from hvdlite.core.requests import Descriptor, Request, Response
 
@@ -75,20 +73,23 @@ class ResponseCache:
         return next(b for b in range(self.capacity) if b not in used)
 
     @staticmethod
-    def set_bits(bits: list[int], vector: np.ndarray) -> None:
-        """OR the given bits into a uint64 vector (Python ints: numpy scalars are slow)."""
+    def set_bits(bits: list[int], vector: Any, first_word: int = 0) -> None:
+        """OR the given bits into a vector of 64-bit words, from ``first_word`` on
+        (Python ints: numpy scalars are slow)."""
         words: dict[int, int] = {}
         for bit in bits:
             words[bit >> 6] = words.get(bit >> 6, 0) | (1 << (bit & 63))
         for index, word in words.items():
-            vector[index] = word
+            vector[first_word + index] = word
 
     @staticmethod
-    def bits_of(vector: np.ndarray) -> list[int]:
-        """Indices of the set bits, ascending (the agreed execution order)."""
+    def bits_of(vector: Any, first_word: int = 0) -> list[int]:
+        """Indices of the set bits from ``first_word`` on, ascending (the agreed
+        execution order). Plain Python over ``tolist()``: the vector is a few words,
+        and after an idle spell each NumPy call costs microseconds of cold code."""
         bits = []
-        for index in np.flatnonzero(vector).tolist():
-            word, base = int(vector[index]), index << 6
+        for index, word in enumerate(vector.tolist()[first_word:]):
+            base = index << 6
             while word:
                 low = word & -word
                 bits.append(base + low.bit_length() - 1)

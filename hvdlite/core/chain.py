@@ -17,6 +17,8 @@ from hvdlite.backends.ring import RingBackend
 from hvdlite.core import devices
 from hvdlite.reduce_op import ReduceOp
 
+_PICK_MEMO_SIZE = 4096   # distinct (kind, dtype, device, size, op) calls remembered
+
 
 class BackendChain:
     """Backends in order of preference, rebuilt by ``configure`` (HVDLITE_ALLREDUCE)."""
@@ -44,6 +46,7 @@ class BackendChain:
         host = [self._adasum] + host
         self.backends = self._extra + host
         self._picked: dict[tuple, Any] = {}
+        self._picks: dict[tuple, Any] = {}
 
     def every_backend(self) -> list[Any]:
         return self._extra + [self._adasum, self._ps, self._ring, self._mpi]
@@ -93,6 +96,20 @@ class BackendChain:
 
     def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
              op: ReduceOp = ReduceOp.SUM) -> Any:
+        """The first backend in the chain that supports this call. Remembered per
+        call shape until the chain is reconfigured: steady-state training asks the
+        same few questions every step, and each answer walks the chain."""
+        key = (kind, dtype, device, nbytes, op)
+        backend = self._picks.get(key)
+        if backend is None:
+            backend = self._first_supporting(kind, dtype, device, nbytes, op)
+            if len(self._picks) >= _PICK_MEMO_SIZE:
+                self._picks.clear()
+            self._picks[key] = backend
+        return backend
+
+    def _first_supporting(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
+                          op: ReduceOp) -> Any:
         for attempt in range(2):
             for backend in self.backends:
                 if backend.supports(kind, dtype, device, nbytes, op):

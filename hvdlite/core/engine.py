@@ -16,6 +16,7 @@ User threads only enqueue Requests and wait on handles. Each engine iteration:
 """
 from __future__ import annotations
 
+import array
 import collections
 import logging
 import os
@@ -24,7 +25,6 @@ import time
 import traceback
 from typing import Any, NoReturn, Optional, Sequence
 
-import numpy as np
 from mpi4py import MPI
 
 from hvdlite.core import exit_guard, failure, liveness, stall, waiting
@@ -66,6 +66,7 @@ class Engine:
         self._dead: Optional[HvdliteError] = None
         self._shutdown_requested = False
         self._stall_messages: dict[int, str] = {}
+        self._report_after = stall.report_after(config)   # read every round
         self._inspectors: dict[int, stall.StallInspector] = {}
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
@@ -95,7 +96,8 @@ class Engine:
         if self._markers:
             self._await_marker(request.process_set_id, request.desc.name)
         with self._submit_lock:
-            self.raise_if_dead()
+            if self._dead is not None:
+                self.raise_if_dead()
             names = self._in_flight.setdefault(request.process_set_id, set())
             if request.desc.name in names:
                 raise DuplicateNameError(
@@ -198,7 +200,7 @@ class Engine:
         self._waiter.wait(requests)
         for state, vector in zip(members, vectors):
             if vector[0] & NO_FULL_ROUND:
-                bits = state.cache.bits_of(vector[1:])
+                bits = state.cache.bits_of(vector, 1)
                 self._dispatch(state, self._cached_responses(state, bits), cached=True,
                                plan_key=(state.set_id, tuple(bits)))
             elif not self._full_round(state):
@@ -227,8 +229,12 @@ class Engine:
         self._doorbell.listen(self.config.cycle_time * backoff / 1000.0, self._has_work)
 
     def _has_work(self) -> bool:
-        return bool(self._queue or self._shutdown_requested or self.executor.busy or any(
-            s.pending for s in self.registry.members()))
+        if self._queue or self._shutdown_requested or self.executor.busy:
+            return True
+        for state in self.registry.members():
+            if state.pending:
+                return True
+        return False
 
     def _drain_queue(self) -> None:
         queue = self._queue
@@ -244,10 +250,10 @@ class Engine:
                 if self.peer_wait is not None:
                     self.peer_wait.submitted(request.submitted_at)
 
-    def _round_vector(self, state: SetState) -> np.ndarray:
+    def _round_vector(self, state: SetState) -> array.array:
         need_full = state.set_id in self._stall_messages or (
             state.set_id == GLOBAL_SET_ID and self._shutdown_requested)
-        return round_vector(state, need_full, stall.report_after(self.config))
+        return round_vector(state, need_full, self._report_after)
 
     def _while_waiting(self, started: float, now: float) -> None:
         """A round has been incomplete for a tick: run what otherwise runs only
@@ -339,9 +345,10 @@ class Engine:
                 state.cache.insert(response, request.desc if request else response.desc)
                 self.executor.forget_plans()
             state.cache.touch(response.name)
-            if response.desc.kind in _CONTROL:
+            kind = response.desc.kind
+            if kind is not Kind.ALLREDUCE and kind in _CONTROL:   # `in` hashes: Python code
                 control.append((response, request))
-            elif request is not None or response.desc.kind is Kind.ALLREDUCE:
+            elif request is not None or kind is Kind.ALLREDUCE:
                 data.append(response)   # an allreduce without a request: joined, sends zeros
         self.executor.run(state.set_id, data, agreed, plan_key)
         for response, request in control:
@@ -362,6 +369,7 @@ class Engine:
         else:
             self.executor.drain()
             self.config = self.config.replace(**dict(desc.settings))
+            self._report_after = stall.report_after(self.config)
             self.executor.reconfigure(self.config)
             self._waiter.config = self.config
             for inspector in self._inspectors.values():

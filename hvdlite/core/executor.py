@@ -26,6 +26,7 @@ from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 
 Complete = Callable[[Request, Any], None]
 _PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
+_OPS_BY_VALUE = {int(op): op for op in ReduceOp}   # a lookup: ReduceOp(value) runs Python
 
 
 class Executor:
@@ -62,7 +63,8 @@ class Executor:
             plan_key: Optional[Hashable] = None) -> None:
         """Run agreed responses. ``plan_key`` (the agreed cache bits of a fast-path
         round) lets steady-state steps reuse their fusion plan."""
-        self._retire()
+        if self._retiring:
+            self._retire()
         for group in self._plan(responses, plan_key):
             self._allreduce_group(set_id, group, [pending.get(r.name) for r in group])
         for response in responses:
@@ -148,10 +150,11 @@ class Executor:
         """The cache or the settings changed: a bit may now mean another response."""
         self._plans.clear()
 
-    def _span(self, requests: Sequence[Optional[Request]], phase: str, start: float) -> float:
-        timeline = self._timeline()
-        if timeline is None:
-            return 0.0
+    @staticmethod
+    def _span(timeline: Any, requests: Sequence[Optional[Request]], phase: str,
+              start: float) -> float:
+        """Record a phase on the timeline; callers skip the call when there is none
+        (the common case: every call saved counts on a lone op after idle)."""
         now = time.monotonic()
         for request in requests:
             if request is not None:
@@ -177,10 +180,11 @@ class Executor:
             xp = array_namespace(device)
             described(device).prepare(device, ready_events(requests))
         wide = self.chain.reduction_dtype(first.dtype, device)
-        op = ReduceOp(first.desc.op)
+        op = _OPS_BY_VALUE[first.desc.op]
         size = self._geometry[set_id][1]
         postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
-        start = self._span(requests, "queue", 0.0)
+        timeline = self._timeline()
+        start = 0.0 if timeline is None else self._span(timeline, requests, "queue", 0.0)
         if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
                                                  postscale):
             return
@@ -196,7 +200,9 @@ class Executor:
             _pack(xp, requests, counts, buf, first.desc.prescale)
             backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
             source = None
-        start = self._span(requests, "memcpy_in", start)
+        timeline = self._timeline()     # looked up per phase: the user may start one
+        if timeline is not None:
+            start = self._span(timeline, requests, "memcpy_in", start)
         if source is None:
             work = backend.allreduce(set_id, buf, op)
         else:
@@ -205,12 +211,15 @@ class Executor:
             self._fusion_work[device] = work
 
         def finish() -> None:
-            begin = self._span(requests, "allreduce", start)
-            if direct is not None:
-                postscale.apply(xp, buf)
-            else:
+            timeline = self._timeline()
+            if timeline is not None:
+                begin = self._span(timeline, requests, "allreduce", start)
+            if direct is None:
                 _unpack(xp, requests, counts, buf, postscale)
-            self._span(requests, "memcpy_out", begin)
+            elif postscale.needed:
+                postscale.apply(xp, buf)
+            if timeline is not None:
+                self._span(timeline, requests, "memcpy_out", begin)
             self._finish_all(requests, [None if r is None else r.output for r in requests])
         self._after(work, finish, requests)
 
@@ -245,13 +254,16 @@ class Executor:
     # -- everything else ---------------------------------------------------------
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
         kind = response.desc.kind
-        start = self._span([request], "queue", 0.0)
+        timeline = self._timeline()
+        start = 0.0 if timeline is None else self._span(timeline, [request], "queue", 0.0)
         if request is not None and request.desc.device != "cpu":
             described(request.desc.device).prepare(request.desc.device, ready_events([request]))
         work, result = self._collective(set_id, response, request)
 
         def finish() -> None:
-            self._span([request], kind.value, start)
+            timeline = self._timeline()
+            if timeline is not None:
+                self._span(timeline, [request], kind.value, start)
             self._finish(request, result() if callable(result) else result)
         self._after(work, finish, request)
 
@@ -286,7 +298,7 @@ class Executor:
         buf[...] = request.array.reshape(-1)
         scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)
-        op = ReduceOp(desc.op)
+        op = _OPS_BY_VALUE[desc.op]
         backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes, op)
         work = backend.reducescatter(set_id, buf, counts, out, op)
         self._fusion_work[desc.device] = work
@@ -346,15 +358,15 @@ def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
     """Get a lone tensor's input into its output ``buf``, scaled; or, where the
     backend reduces out of place and nothing needs scaling, return the input for it
     to read (a copy into a fresh output costs as much as a fast allreduce)."""
-    source = request.array.reshape(-1)
-    if _in_place(xp, source, buf):
+    source = request.array
+    if source is request.output or _in_place(xp, source.reshape(-1), buf):
         scale(xp, buf, prescale)
     elif prescale != 1.0:
-        xp.multiply(source, prescale, out=buf, casting="unsafe")
+        xp.multiply(source.reshape(-1), prescale, out=buf, casting="unsafe")
     elif out_of_place:
-        return source
+        return source.reshape(-1)
     else:
-        buf[...] = source
+        buf[...] = source.reshape(-1)
     return None
 
 

@@ -93,7 +93,10 @@ class HandleTable:
 
     def wait(self, handle: int) -> Any:
         """Block until done, forget the handle, return its result or raise its error."""
-        slot = self._slot(handle)
+        try:
+            slot = self._slots[handle]
+        except (KeyError, TypeError):
+            slot = self._slot(handle)     # raises the explanation
         if not slot.done:
             self._park(handle, slot)
         self._slots.pop(handle, None)

@@ -17,10 +17,11 @@ class Scale:
     by its reciprocal, which is not exact in float64 for a size that is not a
     power of two: 5 * (1/3) is one ulp below 5/3, and 49 * (1/49) is 0.999...,
     which truncates to 0 for integers."""
-    __slots__ = ("factor", "divisor")
+    __slots__ = ("factor", "divisor", "needed")
 
     def __init__(self, factor: float, divisor: int) -> None:
         self.factor, self.divisor = factor, divisor
+        self.needed = divisor != 1 or factor != 1.0   # False: apply() would do nothing
 
     def apply(self, xp: Any, buf: Any) -> None:
         if self.divisor != 1:

@@ -35,8 +35,10 @@ class StallInspector:
     def check(self, coordinator: Coordinator) -> Optional[str]:
         """Warn about stalled tensors; return a message if they must become an error."""
         now = time.monotonic()
+        if now < self._next_check:     # checked first: this runs after every round
+            return None
         limits = _limits(self.config)
-        if not limits or now < self._next_check:
+        if not limits:
             return None
         self._next_check = now + min(1.0, min(limits) / 4)
         if self.config.stall_check_time > 0:
