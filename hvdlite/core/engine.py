@@ -63,7 +63,7 @@ class Engine:
         self._idle_rounds = 0
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
-        self._dead: Optional[HvdliteError] = None
+        self.dead: Optional[HvdliteError] = None   # why it stopped; set once
         self._shutdown_requested = False
         self._stall_messages: dict[int, str] = {}
         self._report_after = stall.report_after(config)   # read every round
@@ -96,7 +96,7 @@ class Engine:
         if self._markers:
             self._await_marker(request.process_set_id, request.desc.name)
         with self._submit_lock:
-            if self._dead is not None:
+            if self.dead is not None:
                 self.raise_if_dead()
             names = self._in_flight.setdefault(request.process_set_id, set())
             if request.desc.name in names:
@@ -124,20 +124,16 @@ class Engine:
             except HvdliteError:
                 pass        # the marker's own verdict: this rank already raised its error
 
-    @property
-    def dead(self) -> Optional[HvdliteError]:
-        return self._dead
-
     def raise_if_dead(self) -> None:
         """Raise a fresh error of the engine's cause of death, chained to it."""
-        dead = self._dead
+        dead = self.dead
         if dead is not None:
             raise type(dead)(str(dead)) from dead
 
     def shutdown(self, timeout: float = 30.0) -> None:
         # From atexit the main thread is already marked stopped: the interpreter ends.
         exiting = not threading.main_thread().is_alive()
-        if exiting and self._dead is None:
+        if exiting and self.dead is None:
             failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
         self._shutdown_requested = True
         self._doorbell.ring_always()
@@ -213,7 +209,7 @@ class Engine:
         # while the engine still runs Python sleeps again on the GIL until the engine
         # lets go, a second wake-up.
         self.handles.notify()
-        return self._dead is None
+        return self.dead is None
 
     def _wait_for_work(self) -> None:
         if self._has_work():
@@ -394,7 +390,7 @@ class Engine:
 
     def _stop(self, error: HvdliteError) -> None:
         with self._submit_lock:
-            self._dead = error
+            self.dead = error
         while self._queue:
             self._fail(self._queue.popleft(), error)
         for state in self.registry.members():
