@@ -49,6 +49,16 @@ def test_adasum_always_runs_on_its_own_backend() -> None:
         assert _picked(_chain(allreduce=setting), 64, ReduceOp.ADASUM) == "adasum"
 
 
+def test_a_remembered_pick_is_per_op() -> None:
+    """Picks are remembered per call shape, op included: Sum and Adasum of the same
+    tensor go to different backends whichever is asked first."""
+    for first, second in ((ReduceOp.SUM, ReduceOp.ADASUM), (ReduceOp.ADASUM, ReduceOp.SUM)):
+        chain = _chain(allreduce="mpi")
+        picks = {op: _picked(chain, 64, op) for op in (first, second)}
+        assert picks == {ReduceOp.SUM: "mpi", ReduceOp.ADASUM: "adasum"}
+        assert _picked(chain, 64, first) == picks[first]     # asked again: the same
+
+
 def test_reconfigure_rebuilds_the_chain() -> None:
     chain = _chain(allreduce="mpi", ring_threshold=1000)
     assert _picked(chain, 1 << 20) == "mpi"

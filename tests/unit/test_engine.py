@@ -19,6 +19,7 @@ import pytest
 from hvdlite.core import engine as engine_module
 from hvdlite.core import stall
 from hvdlite.core.registry import NO_FULL_ROUND
+from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import HvdliteError, MismatchError
 from tests.unit import engine_rig
 from tests.unit.engine_rig import (Bell, FullRounds, Records, Work, allreduce, engine_at_one_rank,
@@ -240,3 +241,33 @@ def test_a_stall_error_held_behind_a_stuck_round_is_logged_once(log: Records) ->
     engine._stall_messages[0] = "Stall: tensor 'b'."
     engine._while_waiting(0.0, 0.0)
     assert len(log.records) == 2 and log.records[1].getMessage().startswith("Stall: tensor 'b'.")
+
+
+def test_a_reconfigured_stall_time_decides_when_a_cached_request_is_reported() -> None:
+    """Stall inspection switched on by a negotiated reconfigure reaches the round vector:
+    a cached request pending longer than a quarter of the new threshold asks for one full
+    round, so the coordinator can see who is missing."""
+    engine = set_up(stall_check_time=0.0, stall_shutdown_time=0.0)     # inspection off
+    first = engine.submit(allreduce("a"))
+    engine._iteration()                                  # agreed in a full round: cached
+    np.testing.assert_array_equal(outcome(engine, first), [1.0, 2.0, 3.0])
+
+    def flag_after(seconds_pending: float) -> int:
+        request = allreduce("a")
+        request.submitted_at -= seconds_pending
+        engine.submit(request)
+        engine._drain_queue()
+        flag = engine._round_vector(engine.registry.member(0))[0]
+        engine._iteration()
+        assert engine.handles.poll(request.handle)
+        engine.handles.wait(request.handle)
+        return flag
+
+    assert flag_after(10.0) == NO_FULL_ROUND             # nobody inspects: no report
+    settings = (("stall_check_time", 4.0),)
+    change = engine.submit(Request(Descriptor("reconfigure.0", Kind.RECONFIGURE,
+                                              settings=settings), 0))
+    engine._iteration()
+    assert outcome(engine, change) is None and engine.config.stall_check_time == 4.0
+    assert flag_after(0.5) == NO_FULL_ROUND               # under a quarter of 4 s
+    assert flag_after(2.0) == 0                           # over it: reported once

@@ -327,6 +327,19 @@ def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> 
 
 # --- what only a device's namespace sees ----------------------------------------------------
 
+def test_a_lone_tensor_whose_input_is_its_output_by_another_view_is_not_copied() -> None:
+    """An adapter may hand the same memory over as two array objects: the lone tensor is
+    still reduced in place, never passed to MPI as its own source (aliased buffers)."""
+    memory = np.arange(6, dtype=np.float32)
+    request = allreduce("v", memory.reshape(2, 3), inplace=True)
+    request.array = memory.reshape(2, 3)          # another view of the same memory
+    assert request.array is not request.output
+    buf = request.output.reshape(-1)
+    assert executor_module._pack_one(np, request, buf, 1.0, out_of_place=True) is None
+    assert executor_module._pack_one(np, request, buf, 2.0, out_of_place=True) is None
+    np.testing.assert_array_equal(memory, np.arange(6) * 2.0)   # scaled once, in place
+
+
 def test_in_place_on_a_device_compares_data_pointers() -> None:
     """CuPy arrays: the same memory is the same pointer (no kernel over the data)."""
     def at(ptr: int) -> Any:

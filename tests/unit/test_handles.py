@@ -29,7 +29,7 @@ def test_a_handle_is_forgotten_once_waited_and_unknown_ones_are_refused() -> Non
     handle = table.create()
     table.complete(handle, None)
     table.wait(handle)
-    for bad in (handle, 999, "x", None):
+    for bad in (handle, 999, "x", None, [handle]):      # a list: unhashable
         with pytest.raises(HvdliteError, match="unknown"):
             table.wait(bad)
         with pytest.raises(HvdliteError, match="unknown"):

@@ -132,6 +132,22 @@ def test_ordered_work_completes_at_once_fenced_and_keeps_its_inputs(executor: An
     assert watched() is None
 
 
+def test_the_next_run_lets_go_of_inputs_whose_ordered_work_is_done(executor: Any) -> None:
+    """Retiring happens at each run as well as at each progress: a steady stream of
+    submissions does not keep every finished step's inputs alive."""
+    run, completed, _ = executor
+    first = _allreduce("a", np.arange(4.0))
+    watched = weakref.ref(first.array)
+    run.run(0, [Response(first.desc)], {"a": first})
+    del first
+    completed.clear()
+    _StreamBackend.made[0].works[0].finished = True
+    second = _allreduce("b", np.full(3, 5.0))
+    run.run(0, [Response(second.desc)], {"b": second})
+    gc.collect()
+    assert watched() is None
+
+
 def test_the_fusion_buffer_is_reused_without_waiting_for_ordered_work(executor: Any) -> None:
     run, completed, _ = executor
     for step in range(3):
