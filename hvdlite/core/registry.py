@@ -24,6 +24,42 @@ from hvdlite.core.requests import Request
 GLOBAL_SET_ID = 0
 
 
+class Round:
+    """One set's negotiation round: its vector of 64-bit words and the bitwise-AND
+    allreduce over it. Where the MPI library has MPI-4's persistent collectives the
+    allreduce is built once (``Allreduce_init``) and started each round: after 5 ms of
+    idle, starting it took 8-11 us here against 18 us for a fresh ``Iallreduce``.
+    Elsewhere each round posts an ``Iallreduce``. Made where the set is registered, a
+    collective point on every member, as the persistent call requires."""
+
+    def __init__(self, comm: MPI.Comm, words: int) -> None:
+        self.vector = array.array("Q", bytes(8 * words))
+        self._zeros = array.array("Q", bytes(8 * words))
+        self._comm = comm
+        try:
+            self._persistent: Optional[MPI.Request] = comm.Allreduce_init(
+                MPI.IN_PLACE, self.vector, op=MPI.BAND)
+        except (NotImplementedError, AttributeError, MPI.Exception):
+            self._persistent = None     # MPI before 4, or a stand-in communicator
+
+    def cleared(self) -> array.array:
+        """The vector, zeroed for the next round (written only between rounds)."""
+        self.vector[:] = self._zeros
+        return self.vector
+
+    def start(self) -> MPI.Request:
+        if self._persistent is None:
+            return self._comm.Iallreduce(MPI.IN_PLACE, self.vector, op=MPI.BAND)
+        self._persistent.Start()
+        return self._persistent
+
+    def free(self) -> None:
+        """Before the communicator is freed (the request refers to it)."""
+        if self._persistent is not None:
+            self._persistent.Free()
+            self._persistent = None
+
+
 @dataclasses.dataclass
 class SetState:
     """The engine's view of one process set this rank is a member of."""
@@ -33,6 +69,7 @@ class SetState:
     cache: ResponseCache
     coordinator: Optional[Coordinator]
     pending: dict[str, Request] = dataclasses.field(default_factory=dict)
+    round: Optional[Round] = None   # None: each round_vector is a fresh array
 
 
 class ProcessSetRegistry:
@@ -77,8 +114,9 @@ class ProcessSetRegistry:
         self._ranks[set_id] = ranks
         if comm != MPI.COMM_NULL:
             coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
-            self._members[set_id] = SetState(set_id, ranks, comm,
-                                             ResponseCache(self._cache_capacity), coordinator)
+            cache = ResponseCache(self._cache_capacity)
+            self._members[set_id] = SetState(set_id, ranks, comm, cache, coordinator,
+                                             round=Round(comm, 1 + cache.words))
             self._reorder()
             self._on_open(set_id, comm)
         return set_id
@@ -94,6 +132,8 @@ class ProcessSetRegistry:
                 fail(request)
             state.pending.clear()
             self._on_close(set_id)
+            if state.round is not None:
+                state.round.free()
             state.comm.Free()
         return True
 
@@ -112,8 +152,12 @@ def round_vector(state: SetState, need_full: bool,
     request the cache does not know, or one pending longer than ``report_after``
     seconds (it must be reported as a stall once), needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
-    idle spell a NumPy allocation alone cost ~14 us of cold code here."""
-    vector = array.array("Q", bytes(8 * (1 + state.cache.words)))
+    idle spell a NumPy allocation alone cost ~14 us of cold code here. The set's own
+    ``Round`` vector when it has one (``start_round`` then reduces it)."""
+    if state.round is None:
+        vector = array.array("Q", bytes(8 * (1 + state.cache.words)))
+    else:
+        vector = state.round.cleared()
     now = time.monotonic()
     bits = []
     for request in state.pending.values():
@@ -130,3 +174,10 @@ def round_vector(state: SetState, need_full: bool,
     if not need_full:
         vector[0] = NO_FULL_ROUND
     return vector
+
+
+def start_round(state: SetState, vector: array.array) -> MPI.Request:
+    """Start the set's round over ``vector`` (what ``round_vector`` returned)."""
+    if state.round is not None:
+        return state.round.start()
+    return state.comm.Iallreduce(MPI.IN_PLACE, vector, op=MPI.BAND)

@@ -11,8 +11,9 @@ from mpi4py import MPI
 
 from hvdlite.core import registry as registry_module
 from hvdlite.core.cache import ResponseCache
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, SetState,
-                                   round_vector)
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, Round,
+                                   SetState, round_vector, start_round)
+from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
 
 
@@ -225,3 +226,84 @@ def test_a_request_pending_too_long_needs_one_full_round(now: list[float]) -> No
     now[0] += 0.5
     assert round_vector(state, False, 5.0).tolist()[0] == 0
     assert young.stall_reported
+
+
+def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
+    """One rank: the persistent round (MPI-4 ``Allreduce_init``, as the MPICH and Open MPI
+    wheels provide) reduces its vector in place each time it is started, and
+    ``round_vector`` clears and fills that same vector for the next round."""
+    comm = MPI.COMM_SELF.Dup()
+    state = set_state(["a", "b"])
+    state.comm, state.round = comm, Round(comm, 1 + state.cache.words)
+    try:
+        for names in (["a", "b"], ["b"], []):
+            state.pending.clear()
+            for name in names:
+                pend(state, name)
+            vector = round_vector(state, False, None)
+            assert vector is state.round.vector
+            request = start_round(state, vector)
+            while not all_done([request]):
+                pass
+            assert vector.tolist() == expected(state, names, True)   # a BAND over one rank
+    finally:
+        state.round.free()
+        comm.Free()
+
+
+def test_without_persistent_collectives_each_round_posts_an_iallreduce() -> None:
+    """A communicator without ``Allreduce_init`` (MPI before 4): ``start_round`` posts an
+    ``Iallreduce`` over the vector it is given."""
+    posted = []
+
+    class OldComm:
+        def Iallreduce(self, send: Any, vector: Any, op: Any) -> str:  # noqa: N802
+            posted.append((send, vector, op))
+            return "request"
+    state = set_state(["a"])
+    state.comm, state.round = OldComm(), Round(OldComm(), 1 + state.cache.words)  # type: ignore[arg-type]
+    pend(state, "a")
+    vector = round_vector(state, False, None)
+    assert start_round(state, vector) == "request"
+    assert posted == [(MPI.IN_PLACE, vector, MPI.BAND)]
+    state.round = None
+    fresh = round_vector(state, False, None)
+    assert fresh is not vector and start_round(state, fresh) == "request"
+    assert posted[-1][1] is fresh
+
+
+def test_all_done_tests_each_request_until_one_is_not() -> None:
+    tested = []
+
+    class Request:
+        def __init__(self, name: str, done: bool) -> None:
+            self.name, self.done = name, done
+
+        def Test(self) -> bool:  # noqa: N802
+            tested.append(self.name)
+            return self.done
+    assert all_done([Request("a", True), Request("b", True)]) and tested == ["a", "b"]
+    tested.clear()
+    assert not all_done([Request("a", True), Request("b", False), Request("c", True)])
+    assert tested == ["a", "b"]
+    assert all_done([])
+
+
+def test_a_registered_set_rounds_over_every_bit_of_its_cache() -> None:
+    """The round a set is registered with has room for the flag and every cache bit:
+    the last bit of a full cache comes back from a round."""
+    registry = ProcessSetRegistry(130, lambda set_id, comm: None, lambda set_id: None)
+    registry.add((0,), MPI.COMM_SELF)
+    state = registry.member(GLOBAL_SET_ID)
+    assert state is not None and state.round is not None
+    for i in range(130):
+        state.cache.insert(Response(request(f"t{i}").desc), request(f"t{i}").desc)
+    pend(state, "t129")
+    assert state.cache.bit_for(state.pending["t129"]) == 129
+    vector = round_vector(state, False, None)
+    request_ = start_round(state, vector)
+    while not all_done([request_]):
+        pass
+    assert ResponseCache.bits_of(vector, 1) == [129]
+    state.round.free()
+    state.comm.Free()

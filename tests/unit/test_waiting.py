@@ -42,7 +42,7 @@ class World:
         self.events.append(("sleep", seconds))
         self.now += seconds
 
-    # MPI.Request.Testall
+    # waiting.all_done
     def Testall(self, requests: list) -> bool:  # noqa: N802
         assert requests == ["round"]
         self.tests += 1
@@ -68,8 +68,7 @@ def run(world: World, monkeypatch: pytest.MonkeyPatch, spin_us: float = 0.0,
     """One wait; the on_tick calls it made."""
     monkeypatch.setattr(waiting, "time", SimpleNamespace(
         perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
-    monkeypatch.setattr(waiting, "MPI", SimpleNamespace(Request=SimpleNamespace(
-        Testall=world.Testall)))
+    monkeypatch.setattr(waiting, "all_done", world.Testall)
     ticks: list[tuple[float, float]] = []
     config = SimpleNamespace(spin_time=spin_us, cycle_time=cycle_ms)
     waiter = RoundWaiter(config, SimpleNamespace(waiting=waiting_users),
