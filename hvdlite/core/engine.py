@@ -31,7 +31,7 @@ from hvdlite.core import exit_guard, failure, liveness, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, SetState,
-                                   round_vector, start_round)
+                                   round_vector)
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
@@ -191,7 +191,7 @@ class Engine:
             self.handles.notify()      # finished by asynchronous backend work: before the round
         members = self.registry.members()
         vectors = [self._round_vector(s) for s in members]
-        requests = [start_round(s, v) for s, v in zip(members, vectors)]
+        requests = [s.round.start() for s in members]     # each over its vector
         self._waiter.wait(requests)
         for state, vector in zip(members, vectors):
             if vector[0] & NO_FULL_ROUND:

@@ -29,8 +29,9 @@ class Round:
     allreduce over it. Where the MPI library has MPI-4's persistent collectives the
     allreduce is built once (``Allreduce_init``) and started each round: after 5 ms of
     idle, starting it took 8-11 us here against 18 us for a fresh ``Iallreduce``.
-    Elsewhere each round posts an ``Iallreduce``. Made where the set is registered, a
-    collective point on every member, as the persistent call requires."""
+    Elsewhere each round posts an ``Iallreduce``. Made with the set's state where the
+    set is registered, a collective point on every member, as the persistent call
+    requires."""
 
     def __init__(self, comm: MPI.Comm, words: int) -> None:
         self.vector = array.array("Q", bytes(8 * words))
@@ -69,7 +70,10 @@ class SetState:
     cache: ResponseCache
     coordinator: Optional[Coordinator]
     pending: dict[str, Request] = dataclasses.field(default_factory=dict)
-    round: Optional[Round] = None   # None: each round_vector is a fresh array
+    round: Round = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.round = Round(self.comm, 1 + self.cache.words)
 
 
 class ProcessSetRegistry:
@@ -114,9 +118,8 @@ class ProcessSetRegistry:
         self._ranks[set_id] = ranks
         if comm != MPI.COMM_NULL:
             coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
-            cache = ResponseCache(self._cache_capacity)
-            self._members[set_id] = SetState(set_id, ranks, comm, cache, coordinator,
-                                             round=Round(comm, 1 + cache.words))
+            self._members[set_id] = SetState(set_id, ranks, comm,
+                                             ResponseCache(self._cache_capacity), coordinator)
             self._reorder()
             self._on_open(set_id, comm)
         return set_id
@@ -132,8 +135,7 @@ class ProcessSetRegistry:
                 fail(request)
             state.pending.clear()
             self._on_close(set_id)
-            if state.round is not None:
-                state.round.free()
+            state.round.free()
             state.comm.Free()
         return True
 
@@ -152,12 +154,9 @@ def round_vector(state: SetState, need_full: bool,
     request the cache does not know, or one pending longer than ``report_after``
     seconds (it must be reported as a stall once), needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
-    idle spell a NumPy allocation alone cost ~14 us of cold code here. The set's own
-    ``Round`` vector when it has one (``start_round`` then reduces it)."""
-    if state.round is None:
-        vector = array.array("Q", bytes(8 * (1 + state.cache.words)))
-    else:
-        vector = state.round.cleared()
+    idle spell a NumPy allocation alone cost ~14 us of cold code here. It is the
+    set's ``Round`` vector, cleared; ``state.round.start()`` then reduces it."""
+    vector = state.round.cleared()
     now = time.monotonic()
     bits = []
     for request in state.pending.values():
@@ -174,10 +173,3 @@ def round_vector(state: SetState, need_full: bool,
     if not need_full:
         vector[0] = NO_FULL_ROUND
     return vector
-
-
-def start_round(state: SetState, vector: array.array) -> MPI.Request:
-    """Start the set's round over ``vector`` (what ``round_vector`` returned)."""
-    if state.round is not None:
-        return state.round.start()
-    return state.comm.Iallreduce(MPI.IN_PLACE, vector, op=MPI.BAND)

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from hvdlite.core import registry as registry_module
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, Round,
-                                   SetState, round_vector, start_round)
+                                   SetState, round_vector)
 from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
 
@@ -242,7 +242,7 @@ def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
                 pend(state, name)
             vector = round_vector(state, False, None)
             assert vector is state.round.vector
-            request = start_round(state, vector)
+            request = state.round.start()
             while not all_done([request]):
                 pass
             assert vector.tolist() == expected(state, names, True)   # a BAND over one rank
@@ -252,8 +252,8 @@ def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
 
 
 def test_without_persistent_collectives_each_round_posts_an_iallreduce() -> None:
-    """A communicator without ``Allreduce_init`` (MPI before 4): ``start_round`` posts an
-    ``Iallreduce`` over the vector it is given."""
+    """A communicator without ``Allreduce_init`` (MPI before 4): each start posts an
+    ``Iallreduce`` over the round's vector."""
     posted = []
 
     class OldComm:
@@ -264,12 +264,8 @@ def test_without_persistent_collectives_each_round_posts_an_iallreduce() -> None
     state.comm, state.round = OldComm(), Round(OldComm(), 1 + state.cache.words)  # type: ignore[arg-type]
     pend(state, "a")
     vector = round_vector(state, False, None)
-    assert start_round(state, vector) == "request"
+    assert state.round.start() == "request"
     assert posted == [(MPI.IN_PLACE, vector, MPI.BAND)]
-    state.round = None
-    fresh = round_vector(state, False, None)
-    assert fresh is not vector and start_round(state, fresh) == "request"
-    assert posted[-1][1] is fresh
 
 
 def test_all_done_tests_each_request_until_one_is_not() -> None:
@@ -295,13 +291,13 @@ def test_a_registered_set_rounds_over_every_bit_of_its_cache() -> None:
     registry = ProcessSetRegistry(130, lambda set_id, comm: None, lambda set_id: None)
     registry.add((0,), MPI.COMM_SELF)
     state = registry.member(GLOBAL_SET_ID)
-    assert state is not None and state.round is not None
+    assert state is not None
     for i in range(130):
         state.cache.insert(Response(request(f"t{i}").desc), request(f"t{i}").desc)
     pend(state, "t129")
     assert state.cache.bit_for(state.pending["t129"]) == 129
     vector = round_vector(state, False, None)
-    request_ = start_round(state, vector)
+    request_ = state.round.start()
     while not all_done([request_]):
         pass
     assert ResponseCache.bits_of(vector, 1) == [129]
