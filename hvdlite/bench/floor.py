@@ -6,8 +6,9 @@ no hvdlite code: the raw 4-byte allreduce of the lone-op figure, run by a helper
 thread that the caller wakes by releasing a lock and that wakes the caller the
 same way (the cheapest hand-off Python has). hvdlite's lone op adds a negotiation
 round and its Python to this; a target below it cannot be met by the design.
-``negotiated_floor`` adds the round: one non-blocking agreement allreduce before the
-data, still with no hvdlite code, so the rest of hvdlite's lone op is its own Python.
+``negotiated_floor`` adds the round: one agreement allreduce before the data, started
+as hvdlite starts its round (``Round``, MPI-4's persistent allreduce where the library
+has it) and nothing else of hvdlite, so the rest of hvdlite's lone op is its own Python.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mpi4py import MPI
 
 from hvdlite.config import Config
 from hvdlite.core.cache import ResponseCache
+from hvdlite.core.registry import Round
 
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
 # cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
@@ -52,27 +54,34 @@ def handoff_floor(comm: MPI.Comm, repeats: int, idle_s: float) -> float:
 def negotiated_floor(comm: MPI.Comm, repeats: int, idle_s: float,
                      round_words: int = ROUND_WORDS) -> float:
     """``lone_median`` of the least a negotiated lone op does: the helper thread first
-    agrees in one non-blocking bitwise-AND allreduce of ``round_words`` words (as
-    wide as hvdlite's round at the default cache capacity), polled until done as
-    hvdlite's engine polls, and only then runs the 4-byte allreduce. No hvdlite code:
-    what is above this in hvdlite's lone op is its own Python."""
+    agrees in one bitwise-AND allreduce of ``round_words`` words (as wide as hvdlite's
+    round at the default cache capacity), started as hvdlite's engine starts its round
+    (hvdlite's own ``Round``) and polled until done, and only then runs the 4-byte
+    allreduce. What is above this in hvdlite's lone op is its own Python."""
     tiny = np.zeros(1, dtype=np.float32)
-    vector = np.zeros(round_words, dtype=np.uint64)
+    rounds: list[Round] = []     # made at the first hand-off: a collective point everywhere
 
     def agree_then_reduce(private: MPI.Comm) -> None:
-        vector[:] = 1
-        request = private.Iallreduce(MPI.IN_PLACE, vector, op=MPI.BAND)
+        if not rounds:
+            rounds.append(Round(private, round_words))
+        rounds[0].cleared()[0] = 1
+        request = rounds[0].start()
         while not request.Test():
             pass
         private.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM)
-    return _helped_median(comm, agree_then_reduce, repeats, idle_s)
+
+    def free_round() -> None:
+        for round_ in rounds:
+            round_.free()
+    return _helped_median(comm, agree_then_reduce, repeats, idle_s, free_round)
 
 
 def _helped_median(comm: MPI.Comm, work: Callable[[MPI.Comm], object], repeats: int,
-                   idle_s: float) -> float:
+                   idle_s: float, before_free: Callable[[], None] = lambda: None) -> float:
     """``lone_median`` of handing ``work`` (on a private communicator) to a helper
     thread that the caller wakes by releasing a lock and that wakes the caller the same
-    way, the cheapest hand-off Python has."""
+    way, the cheapest hand-off Python has. ``before_free`` releases what ``work`` made
+    on the communicator."""
     private = comm.Dup()
     wake, finished = threading.Lock(), threading.Lock()
     wake.acquire()
@@ -99,4 +108,5 @@ def _helped_median(comm: MPI.Comm, work: Callable[[MPI.Comm], object], repeats: 
         stop.append(True)
         wake.release()
         thread.join()
+        before_free()
         private.Free()
