@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
+from hvdlite.bench import gloo
 from hvdlite.bench.floor import handoff_floor, lone_median, negotiated_floor
 from hvdlite.bench.timing import seconds_per_call
 from hvdlite.api import runtime
@@ -80,6 +81,13 @@ def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
         f"  floor with one MPI thread (the raw allreduce handed to another thread and back "
         f"through bare locks, no hvdlite): {floor * 1e6:.1f} us; with one agreement round "
         f"before it, as a negotiated op needs: {negotiated * 1e6:.1f} us")
+    missing = gloo.missing_reason()
+    if missing is None:
+        theirs = gloo.lone_op(comm, repeats, idle_s)
+        say(f"  torch.distributed over gloo, the same op: {theirs * 1e6:.1f} us "
+            f"(hvdlite {theirs / ours:.2f}x its speed)")
+    else:
+        say(f"  torch.distributed over gloo: skipped, {missing}")
 
 
 def _allocating(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
@@ -136,6 +144,14 @@ def _many_small(comm: MPI.Comm, seconds: float) -> None:
         f"{one * 1e3:.3f} ms; ratio {many / one:.2f} (target <= 2; Horovod 0.28: 3.3 ms)")
     say(f"the same 200 as one grouped_allreduce_async_: {together * 1e3:.3f} ms; ratio "
         f"{together / one:.2f}")
+    missing = gloo.missing_reason()
+    if missing is None:
+        gloo_many, gloo_one = gloo.many_small(comm, seconds)
+        say(f"torch.distributed over gloo, the same 200 async: {gloo_many * 1e3:.3f} ms; one "
+            f"800 KiB: {gloo_one * 1e3:.3f} ms; ratio {gloo_many / gloo_one:.2f} (hvdlite's "
+            f"200 {gloo_many / many:.2f}x its speed)")
+    else:
+        say(f"torch.distributed over gloo: skipped, {missing}")
 
 
 def _fmt_time(seconds: float) -> str:

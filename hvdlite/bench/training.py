@@ -17,6 +17,7 @@ import tempfile
 from typing import Callable, Sequence
 
 from hvdlite.bench import launches
+from hvdlite.bench.gloo import gloo_group
 from hvdlite.bench.timing import seconds_per_call
 
 MODELS = ("mlp", "cnn")
@@ -79,17 +80,11 @@ def _run_hand_fused(name: str, comm, seconds: float) -> float:  # type: ignore[n
 
 def _run_ddp(name: str, comm, seconds: float) -> float:  # type: ignore[no-untyped-def]
     import torch
-    import torch.distributed as dist
-    port = comm.bcast(29500 + os.getpid() % 2000 if comm.Get_rank() == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
-    try:
+    with gloo_group(comm):
         model, data = _build(name)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         return _timed_steps(_loop(ddp, optimizer, data), seconds, comm)
-    finally:
-        dist.destroy_process_group()
 
 
 def _run_hvdlite(name: str, comm, seconds: float) -> float:  # type: ignore[no-untyped-def]
