@@ -100,9 +100,11 @@ class Config:
     """
     cycle_time: float = _knob(
         1.0, parse_nonneg_float,
-        "Milliseconds an idle engine waits before joining a negotiation round. "
-        "Work submitted locally wakes the engine at once, so this bounds only how "
-        "long a rank with work waits for an idle peer, and the idle CPU cost.")
+        "Milliseconds an idle engine waits before joining a negotiation round while "
+        "any rank has work; once every rank is idle the wait doubles each round, up "
+        "to 64 cycles and 0.1 s. Work submitted locally wakes the engine at once, so "
+        "this bounds only how long a rank with work waits for an idle peer (one on a "
+        "process set the peer is not in), and the idle CPU cost.")
     fusion_threshold: int = _knob(
         64 << 20, parse_bytes,
         "Bytes of same-dtype allreduce tensors packed into one fused reduction "

@@ -35,7 +35,8 @@ from mpi4py import MPI
 # pays for either; a stuck round is looked at ten times a second.
 TICK_S = 0.1
 # A round completes in microseconds to milliseconds while every engine is alive
-# (idle ones join every <= 8 cycles); past this, checking costs nothing that matters.
+# (idle ones join every <= 64 cycles, at most 0.1 s apart unless one cycle is longer);
+# past this, checking costs nothing that matters.
 OVERDUE_S = 0.5
 # Same-host process checks read one small /proc file per local peer; twice a second
 # finds an exited peer about a second after the round stalls.

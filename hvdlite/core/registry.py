@@ -144,15 +144,19 @@ class ProcessSetRegistry:
             self._on_close(set_id)
 
 
-NO_FULL_ROUND = 1   # flag bit of a round vector: "this rank needs no full round"
+# Flag bits of a round vector's first word; the bitwise AND tells each whether it
+# holds on every member rank.
+NO_FULL_ROUND = 1   # "this rank needs no full round"
+RANK_IDLE = 2       # "this rank has nothing to do": pending nothing, in any set
 
 
 def round_vector(state: SetState, need_full: bool,
-                 report_after: Optional[float]) -> array.array:
+                 report_after: Optional[float], idle: bool = False) -> array.array:
     """This rank's word for the set's next negotiation round: the cache bits of its
-    pending requests, and the flag saying whether a full round can be skipped. A
-    request the cache does not know, or one pending longer than ``report_after``
-    seconds (it must be reported as a stall once), needs a full round.
+    pending requests, the flag saying whether a full round can be skipped, and
+    whether this rank is idle (``idle``). A request the cache does not know, or one
+    pending longer than ``report_after`` seconds (it must be reported as a stall
+    once), needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
     idle spell a NumPy allocation alone cost ~14 us of cold code here. It is the
     set's ``Round`` vector, cleared; ``state.round.start()`` then reduces it."""
@@ -170,6 +174,5 @@ def round_vector(state: SetState, need_full: bool,
             request.stall_reported = True
             need_full = True
     state.cache.set_bits(bits, vector, 1)
-    if not need_full:
-        vector[0] = NO_FULL_ROUND
+    vector[0] = (0 if need_full else NO_FULL_ROUND) | (RANK_IDLE if idle else 0)
     return vector

@@ -3,8 +3,11 @@ and re-added with the same ranks many times (also after a failed collective on
 it), and settings change by a negotiated reconfiguration."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite.api import runtime
@@ -62,3 +65,36 @@ def test_reconfigure_switches_every_rank_and_rejects_disagreement() -> None:
         assert runtime.config().allreduce == before
     with pytest.raises(hvd.ConfigError):
         reconfigure(no_such_setting=1)
+
+
+def test_a_set_keeps_going_while_a_non_member_idles() -> None:
+    """Every rank joins the global set's rounds, so ops on a smaller set wait for an
+    idle non-member's next tick. While a member's word says it is busy, that rank
+    ticks every cycle instead of backing off to 64 cycles: 8 ops at a 10 ms cycle
+    take about 8 cycles, not up to 8 x 64. The bound, 4 cycles an op, is loose (the
+    ops take about one here) and far below the 64 a backed-off tick would cost."""
+    if hvd.size() < 2:
+        pytest.skip("needs a rank outside the set")
+    members = list(range(hvd.size() - 1))        # all but the last rank, which idles
+    process_set = hvd.add_process_set(members)
+    cycle_s, ops = 0.010, 8
+    before = runtime.config().cycle_time
+    reconfigure(cycle_time=cycle_s * 1e3)
+    side = MPI.COMM_WORLD.Dup()      # the idle rank waits here, outside hvdlite
+    per_op = 0.0
+    try:
+        if process_set.included():
+            started = time.perf_counter()
+            for i in range(ops):
+                _sum_on(process_set, f"idle.peer.{i}")
+            per_op = (time.perf_counter() - started) / ops
+        done = side.Ibarrier()
+        while not done.Test():
+            time.sleep(0.001)       # idle in Python, not spinning inside MPI
+    finally:
+        side.Free()
+        reconfigure(cycle_time=before)
+        hvd.remove_process_set(process_set)
+    assert per_op < 4 * cycle_s, (
+        f"rank {hvd.rank()}: {per_op * 1e3:.0f} ms an op on set {members} while rank "
+        f"{hvd.size() - 1} idled; the cycle is {cycle_s * 1e3:.0f} ms")

@@ -18,7 +18,7 @@ import pytest
 
 from hvdlite.core import engine as engine_module
 from hvdlite.core import stall
-from hvdlite.core.registry import NO_FULL_ROUND
+from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE
 from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import HvdliteError, MismatchError
 from tests.unit import engine_rig
@@ -30,13 +30,75 @@ world, log = engine_rig.world, engine_rig.log   # fixtures
 
 
 # -- the idle schedule -------------------------------------------------------------------
-def test_an_idle_engine_waits_a_cycle_then_twice_as_long_each_time_up_to_eight() -> None:
+def test_an_idle_engine_waits_a_cycle_then_twice_as_long_each_time_up_to_64() -> None:
+    engine = set_up(cycle_time=1.5)
+    engine._doorbell = bell = Bell()
+    for _ in range(9):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.0015 * 2 ** min(i, 6) for i in range(9)], rel=1e-9)
+    assert bell.ready_answers == [False] * 9      # each wait asks whether work came meanwhile
+
+
+@pytest.mark.parametrize("cycle_ms, waits_ms", [(30.0, [30, 60, 100, 100]),
+                                                 (200.0, [200, 200, 200])])
+def test_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
+        cycle_ms: float, waits_ms: list[float]) -> None:
+    """Liveness reads a round incomplete for 0.5 s as a rank in trouble: an idle engine
+    never sleeps past 0.1 s between rounds, unless one cycle is already longer."""
+    engine = set_up(cycle_time=cycle_ms)
+    engine._doorbell = bell = Bell()
+    for _ in waits_ms:
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([w / 1000 for w in waits_ms], rel=1e-9)
+
+
+class PeerAtWork:
+    """Stands in for a set's round where another member rank has work: the AND of
+    the round clears this rank's RANK_IDLE bit, as a busy peer's word would."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.idle_flags_sent: list[bool] = []
+
+    def cleared(self) -> Any:
+        return self.real.cleared()
+
+    def start(self) -> Any:
+        self.idle_flags_sent.append(bool(self.real.vector[0] & RANK_IDLE))
+        self.real.vector[0] &= ~RANK_IDLE
+        return self.real.start()
+
+    def free(self) -> None:
+        self.real.free()
+
+
+def test_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
+    """A member with work on a smaller set waits for this rank's next global round:
+    while any rank's word says it is busy, an idle engine does not slow down."""
     engine = set_up(cycle_time=3.0)
     engine._doorbell = bell = Bell()
-    for _ in range(6):
+    state = engine.registry.member(0)
+    state.round = peer = PeerAtWork(state.round)
+    for _ in range(4):
         assert engine._iteration()
-    assert bell.waits == pytest.approx([0.003, 0.006, 0.012, 0.024, 0.024, 0.024], rel=1e-9)
-    assert bell.ready_answers == [False] * 6      # each wait asks whether work came meanwhile
+    assert bell.waits == pytest.approx([0.003] * 4, rel=1e-9)
+    assert peer.idle_flags_sent == [True] * 4      # this rank itself said it was idle
+    state.round = peer.real                        # the peer is done: back off again
+    for _ in range(3):
+        assert engine._iteration()
+    assert bell.waits[4:] == pytest.approx([0.003, 0.006, 0.012], rel=1e-9)
+
+
+def test_a_rank_with_work_does_not_say_it_is_idle() -> None:
+    engine = set_up()
+    state = engine.registry.member(0)
+    state.round = peer = PeerAtWork(state.round)
+    handle = engine.submit(allreduce("busy"))
+    engine._iteration()
+    np.testing.assert_array_equal(outcome(engine, handle), [1.0, 2.0, 3.0])
+    engine._doorbell = Bell()
+    engine._iteration()
+    assert peer.idle_flags_sent == [False, True]
 
 
 def test_work_wakes_an_idle_engine_at_once_and_its_next_wait_is_one_cycle_again() -> None:

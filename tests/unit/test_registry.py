@@ -11,8 +11,8 @@ from mpi4py import MPI
 
 from hvdlite.core import registry as registry_module
 from hvdlite.core.cache import ResponseCache
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, ProcessSetRegistry, Round,
-                                   SetState, round_vector)
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
+                                   Round, SetState, round_vector)
 from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
 
@@ -209,6 +209,21 @@ def test_an_uncached_request_needs_a_full_round(now: list[float]) -> None:
     pend(state, "b")
     assert round_vector(state, False, None).tolist() == expected(state, ["a", "b"], False)
     assert round_vector(set_state([]), False, None).tolist()[0] == int(NO_FULL_ROUND)
+
+
+def test_an_idle_rank_says_so_in_the_flag_word_beside_the_full_round_flag(
+        now: list[float]) -> None:
+    """RANK_IDLE is a separate bit: set only when asked, whatever the full-round flag
+    says, and never touching the cache bits after the flag word."""
+    empty = set_state([])
+    assert round_vector(empty, False, None, idle=True).tolist()[0] == NO_FULL_ROUND | RANK_IDLE
+    assert round_vector(empty, True, None, idle=True).tolist()[0] == RANK_IDLE
+    assert round_vector(empty, False, None).tolist()[0] == NO_FULL_ROUND     # cleared again
+    assert RANK_IDLE & NO_FULL_ROUND == 0
+    state = set_state(["a", "b"])
+    pend(state, "b")
+    with_flag = round_vector(state, False, None, idle=True).tolist()
+    assert with_flag[1:] == expected(state, ["b"], True)[1:]
 
 
 def test_a_request_pending_too_long_needs_one_full_round(now: list[float]) -> None:
