@@ -89,6 +89,18 @@ def test_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
     assert bell.waits[4:] == pytest.approx([0.003, 0.006, 0.012], rel=1e-9)
 
 
+def test_a_peer_at_work_on_any_one_set_keeps_an_idle_engine_ticking() -> None:
+    """This rank is in two sets; a member of the smaller one has work, the global
+    set's round says everyone is idle: one busy set is enough."""
+    engine = set_up(cycle_time=3.0)
+    engine._doorbell = bell = Bell()
+    other = engine.registry.member(second_set(engine))
+    other.round = PeerAtWork(other.round)
+    for _ in range(3):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.003] * 3, rel=1e-9)
+
+
 def test_a_rank_with_work_does_not_say_it_is_idle() -> None:
     engine = set_up()
     state = engine.registry.member(0)
