@@ -90,6 +90,38 @@ def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
         say(f"  torch.distributed over gloo: skipped, {missing}")
 
 
+def _set_op(comm: MPI.Comm, repeats: int) -> None:
+    """A 4-byte allreduce on a process set of all ranks but the last, while the last
+    idles outside hvdlite: every rank joins the global set's rounds, so each op waits
+    for the idle rank's engine to tick (HVDLITE_CYCLE_TIME apart while a member has work)."""
+    size = comm.Get_size()
+    members = list(range(size - 1))
+    cycle_ms = runtime.config().cycle_time    # read now: a peer may shut down before we print
+    process_set = hvd.add_process_set(members)
+    member_comm = comm.Split(0 if comm.Get_rank() < size - 1 else MPI.UNDEFINED)
+    times: list[float] = []
+    if member_comm != MPI.COMM_NULL:
+        tiny = np.zeros(1, dtype=np.float32)
+        for _ in range(repeats):
+            member_comm.Barrier()
+            start = time.perf_counter()
+            hvd.allreduce_(tiny, op=hvd.Sum, name="set.op", process_set=process_set)
+            times.append(time.perf_counter() - start)
+        slowest = np.array(times)
+        member_comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+        times = list(slowest)
+        member_comm.Free()
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.001)          # the idle rank: in Python, not spinning inside MPI
+    hvd.remove_process_set(process_set)
+    if comm.Get_rank() == 0:
+        median, p90 = np.median(times) * 1e6, np.percentile(times, 90) * 1e6
+        say(f"\n4-byte allreduce on the set {members} while rank {size - 1} idles (median of "
+            f"{repeats}): {median:.0f} us, p90 {p90:.0f} us (HVDLITE_CYCLE_TIME "
+            f"{cycle_ms:g} ms)")
+
+
 def _allocating(comm: MPI.Comm, sizes: Sequence[int], seconds: float) -> None:
     """The form users call, ``out = hvd.allreduce(x)``, which returns a new array,
     against mpi4py's in-place Allreduce and its allocating form."""
@@ -173,7 +205,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--max-mib", type=int, default=64, help="largest size (MiB)")
     parser.add_argument("--seconds", type=float, default=0.3, help="timed loop per cell")
     parser.add_argument("--lone-repeats", type=int, default=200, help="lone ops to time")
-    parser.add_argument("--only", choices=("all", "lone", "allocating", "small", "adasum"),
+    parser.add_argument("--only", choices=("all", "lone", "set", "allocating", "small", "adasum"),
                         default="all")
     args = parser.parse_args(argv)
     hvd.init()
@@ -189,6 +221,8 @@ def main(argv: Sequence[str]) -> None:
         _latency(comm, args.seconds)
     if args.only in ("all", "lone"):
         _lone_op(comm, args.lone_repeats, 0.005)
+    if args.only in ("all", "set"):
+        _set_op(comm, args.lone_repeats)
     if args.only in ("all", "allocating"):
         _allocating(comm, [n for n in sizes if n >= 1 << 20], args.seconds)
     if args.only in ("all", "small"):

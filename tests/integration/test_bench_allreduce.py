@@ -40,3 +40,9 @@ def test_the_two_hundred_small_ops_are_printed_beside_gloos() -> None:
     assert re.search(rf"200 x 4 KiB async allreduces: {FIGURE}; one 800 KiB", out), out
     assert re.search(rf"over gloo, the same 200 async: {FIGURE}; one 800 KiB: {FIGURE}; "
                      r"ratio \d+\.\d+", out), out
+
+
+@pytest.mark.timeout(200)
+def test_an_op_on_a_set_while_a_rank_idles_is_timed() -> None:
+    out = _bench("--only", "set", "--lone-repeats", "5")
+    assert re.search(r"on the set \[0\] while rank 1 idles \(median of 5\): \d+ us, p90 \d+ us", out), out
