@@ -41,8 +41,6 @@ from hvdlite.errors import (DuplicateNameError, HvdliteError, PeerLostError, Shu
                             StallError, error_class)
 
 _log = logging.getLogger("hvdlite")
-_IDLE_BACKOFF_DOUBLINGS = 6   # idle ticks slow down to at most 64 cycles apart,
-_LONGEST_IDLE_S = 0.1         # and 0.1 s (a longer cycle stays): liveness.OVERDUE_S is 0.5
 _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
 
 
@@ -61,7 +59,7 @@ class Engine:
         self._doorbell = waiting.Doorbell()
         self._batches = waiting.Batches(self._queue, self._doorbell)
         self.batch = self._batches.batch     # with engine.batch(): submissions go together
-        self._idle_rounds = 0
+        self._idle = waiting.IdleTicks()
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
         self.dead: Optional[HvdliteError] = None   # why it stopped; set once
@@ -196,7 +194,7 @@ class Engine:
         requests = [s.round.start() for s in members]     # each over its vector
         self._waiter.wait(requests)
         if not idle or not all(v[0] & RANK_IDLE for v in vectors):
-            self._idle_rounds = 0     # a rank has work: tick every cycle, it may wait on us
+            self._idle.busy()     # a rank has work: tick every cycle, it may wait on us
         for state, vector in zip(members, vectors):
             if vector[0] & NO_FULL_ROUND:
                 bits = state.cache.bits_of(vector, 1)
@@ -215,20 +213,8 @@ class Engine:
         return self.dead is None
 
     def _wait_for_work(self) -> None:
-        if self._has_work():
-            self._idle_rounds = 0
-            return
-        # An idle engine ticks every cycle while any rank of its sets has work (a
-        # member with work on a smaller set waits for this rank's next global round),
-        # and once every rank is idle, ever more slowly, up to 64 cycles apart: each
-        # tick costs ~80-280 us of CPU here, taken from training or evaluation (at 8
-        # cycles apart the idle engine used 3-4% of a core, at 64 under 1%). Local work
-        # still wakes it at once, and agreement needs every rank's own submission,
-        # which wakes that rank too; only shutdown notices wait for slow ticks.
-        cycle = self.config.cycle_time / 1000.0
-        backoff = 1 << min(self._idle_rounds, _IDLE_BACKOFF_DOUBLINGS)
-        self._idle_rounds += 1
-        self._doorbell.listen(min(cycle * backoff, max(cycle, _LONGEST_IDLE_S)), self._has_work)
+        if not self._has_work():       # (a round with work resets the schedule: below)
+            self._idle.sleep(self.config.cycle_time, self._doorbell, self._has_work)
 
     def _has_work(self) -> bool:
         if self._queue or self._shutdown_requested or self.executor.busy:

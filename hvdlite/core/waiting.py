@@ -88,6 +88,36 @@ class Doorbell:
             self.listening = False
 
 
+class IdleTicks:
+    """How long an idle engine sleeps before joining its next round (ranks must keep
+    joining rounds so that shutdowns and stall reports get through).
+
+    One cycle while any rank of its sets has work: a member with work on a smaller set
+    waits for this rank's next global round. Once every rank is idle, ever more slowly,
+    up to 64 cycles and 0.1 s apart: each tick costs ~80-280 us of CPU here, taken from
+    training or evaluation (8 cycles apart, the idle engine used 3-4% of a core; 64,
+    under 1%). The 0.1 s keeps every live engine well inside liveness.OVERDUE_S. Local
+    work still wakes the engine at once, and agreement needs every rank's own
+    submission, which wakes that rank too; only shutdown notices wait for slow ticks."""
+
+    MAX_DOUBLINGS = 6
+    LONGEST_S = 0.1       # unless one cycle is longer
+
+    def __init__(self) -> None:
+        self._doublings = 0
+
+    def busy(self) -> None:
+        """Some rank has work: the next sleep is one cycle."""
+        self._doublings = 0
+
+    def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool]) -> None:
+        """Sleep until the next tick, a ring, or ``ready()``."""
+        cycle = cycle_ms / 1000.0
+        backoff = 1 << min(self._doublings, self.MAX_DOUBLINGS)
+        self._doublings += 1
+        doorbell.listen(min(cycle * backoff, max(cycle, self.LONGEST_S)), ready)
+
+
 class Batches:
     """Per-thread batches of submissions. A thread inside ``batch()`` queues its
     requests when it leaves, all at once, and rings once: the engine then sees a
