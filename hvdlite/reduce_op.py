@@ -12,3 +12,8 @@ class ReduceOp(enum.IntEnum):
     MIN = 3
     MAX = 4
     PRODUCT = 5
+
+
+# Value -> operator as a dict lookup: ``ReduceOp(value)`` runs Python code in the enum
+# machinery, a cost paid once per tensor on the submit and execute paths.
+OPS_BY_VALUE: dict[int, ReduceOp] = {int(op): op for op in ReduceOp}

@@ -28,8 +28,8 @@ from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.core.devices import Fenced, array_namespace
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
 from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.reduce_op import OPS_BY_VALUE
 
-_OPS_BY_VALUE = {int(op): op for op in ReduceOp}
 
 
 class GroupHandle:
@@ -160,8 +160,8 @@ ARGUMENT_ERRORS = (UsageError, HvdliteTypeError)
 
 # -- argument checks (user thread) ---------------------------------------------------------
 def reduce_op(op: Optional[int], average: Optional[bool] = None) -> ReduceOp:
-    if average is None and op in _OPS_BY_VALUE:
-        return _OPS_BY_VALUE[op]   # the common case, without enum construction
+    if average is None and op in OPS_BY_VALUE:
+        return OPS_BY_VALUE[op]   # the common case, without enum construction
     if op is not None and average is not None:
         raise UsageError("pass either op= or the deprecated average=, not both")
     if average is not None:

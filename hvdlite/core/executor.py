@@ -23,10 +23,10 @@ from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
+from hvdlite.reduce_op import OPS_BY_VALUE
 
 Complete = Callable[[Request, Any], None]
 _PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
-_OPS_BY_VALUE = {int(op): op for op in ReduceOp}   # a lookup: ReduceOp(value) runs Python
 
 
 class Executor:
@@ -180,7 +180,7 @@ class Executor:
             xp = array_namespace(device)
             described(device).prepare(device, ready_events(requests))
         wide = self.chain.reduction_dtype(first.dtype, device)
-        op = _OPS_BY_VALUE[first.desc.op]
+        op = OPS_BY_VALUE[first.desc.op]
         size = self._geometry[set_id][1]
         postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         timeline = self._timeline()
@@ -298,7 +298,7 @@ class Executor:
         buf[...] = request.array.reshape(-1)
         scale(xp, buf, desc.prescale)
         out = xp.empty(counts[rank], dtype=wide)
-        op = _OPS_BY_VALUE[desc.op]
+        op = OPS_BY_VALUE[desc.op]
         backend = self.chain.pick("reducescatter", wide, desc.device, buf.nbytes, op)
         work = backend.reducescatter(set_id, buf, counts, out, op)
         self._fusion_work[desc.device] = work
