@@ -95,28 +95,30 @@ def _set_op(comm: MPI.Comm, repeats: int) -> None:
     idles outside hvdlite: every rank joins the global set's rounds, so each op waits
     for the idle rank's engine to tick (HVDLITE_CYCLE_TIME apart while a member has work)."""
     size = comm.Get_size()
+    if size < 2:
+        say("\nAllreduce on a process set while a rank outside it idles: skipped (needs "
+            "2 ranks or more)")
+        return
     members = list(range(size - 1))
     cycle_ms = runtime.config().cycle_time    # read now: a peer may shut down before we print
     process_set = hvd.add_process_set(members)
     member_comm = comm.Split(0 if comm.Get_rank() < size - 1 else MPI.UNDEFINED)
-    times: list[float] = []
+    slowest = np.zeros(repeats)
     if member_comm != MPI.COMM_NULL:
         tiny = np.zeros(1, dtype=np.float32)
-        for _ in range(repeats):
+        for i in range(repeats):
             member_comm.Barrier()
             start = time.perf_counter()
             hvd.allreduce_(tiny, op=hvd.Sum, name="set.op", process_set=process_set)
-            times.append(time.perf_counter() - start)
-        slowest = np.array(times)
+            slowest[i] = time.perf_counter() - start
         member_comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-        times = list(slowest)
         member_comm.Free()
     done = comm.Ibarrier()
     while not done.Test():
         time.sleep(0.001)          # the idle rank: in Python, not spinning inside MPI
     hvd.remove_process_set(process_set)
-    if comm.Get_rank() == 0:
-        median, p90 = np.median(times) * 1e6, np.percentile(times, 90) * 1e6
+    if comm.Get_rank() == 0:       # a member: the set holds every rank but the last
+        median, p90 = np.median(slowest) * 1e6, np.percentile(slowest, 90) * 1e6
         say(f"\n4-byte allreduce on the set {members} while rank {size - 1} idles (median of "
             f"{repeats}): {median:.0f} us, p90 {p90:.0f} us (HVDLITE_CYCLE_TIME "
             f"{cycle_ms:g} ms)")

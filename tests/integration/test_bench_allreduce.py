@@ -15,9 +15,9 @@ MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 FIGURE = r"(\d+\.\d+) (us|ms)"
 
 
-def _bench(*args: str) -> str:
+def _bench(*args: str, np: int = 2) -> str:
     proc = subprocess.run(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "hvdlite.bench", "allreduce", *args],
+        [MPIEXEC, "-n", str(np), sys.executable, "-m", "hvdlite.bench", "allreduce", *args],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
         text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -46,3 +46,9 @@ def test_the_two_hundred_small_ops_are_printed_beside_gloos() -> None:
 def test_an_op_on_a_set_while_a_rank_idles_is_timed() -> None:
     out = _bench("--only", "set", "--lone-repeats", "5")
     assert re.search(r"on the set \[0\] while rank 1 idles \(median of 5\): \d+ us, p90 \d+ us", out), out
+
+
+@pytest.mark.timeout(200)
+def test_an_op_on_a_set_at_one_rank_is_skipped_with_the_reason() -> None:
+    out = _bench("--only", "set", "--lone-repeats", "5", np=1)
+    assert "while a rank outside it idles: skipped (needs 2 ranks or more)" in out, out
