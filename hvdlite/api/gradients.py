@@ -104,10 +104,31 @@ class AveragerSettings:
     predivide: float = 1.0
     groups: Groups = None
     process_set: Optional[ProcessSet] = None
+    scale_local: bool = True        # divide worker-local gradients by the set size
     checked: set = dataclasses.field(default_factory=set)   # variable lists already compared
+    # Worker-local variables (Horovod's register_local_source / register_local_var):
+    # their gradients are not reduced. By id; the dict keeps them alive, so ids stay unique.
+    local: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def alone(self) -> bool:
         return reduces_nothing(self.process_set, self.predivide)
+
+    def register_local(self, variable: Any) -> None:
+        self.local[id(variable)] = variable
+
+    def split_local(self, variables: Sequence[Any]) -> tuple[list[int], list[int]]:
+        """Positions of the shared variables, and of the worker-local ones."""
+        local = [i for i, v in enumerate(variables) if id(v) in self.local]
+        mine = set(local)
+        return [i for i in range(len(variables)) if i not in mine], local
+
+    def local_scale(self) -> float:
+        """What a worker-local gradient is multiplied by: 1 / set size (Horovod's
+        scale_local_gradients, so a local and a shared variable of the same loss
+        take steps of the same size), or 1."""
+        if not self.scale_local:
+            return 1.0
+        return 1.0 / (self.process_set.size() if self.process_set else runtime.size())
 
     def __post_init__(self) -> None:
         check_settings(1, self.op, self.predivide)

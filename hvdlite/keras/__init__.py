@@ -7,11 +7,13 @@ import hvdlite as _hvd
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES
 from hvdlite.keras.backend import OPS as _OPS
 from hvdlite.keras import callbacks, elastic
-from hvdlite.keras.optimizer import DistributedOptimizer, load_model
+from hvdlite.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
+                                     load_model)
 from hvdlite.keras.variables import broadcast_variables
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES})
 globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
-    "DistributedOptimizer", "load_model", "callbacks", "elastic", "broadcast_variables"]
+    "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
+    "elastic", "broadcast_variables"]

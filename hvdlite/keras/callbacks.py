@@ -23,27 +23,66 @@ from hvdlite.keras.variables import broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Make every rank start from ``root_rank``'s model and optimizer state. It
-    runs when training begins (Keras 3 builds the optimizer before that), so the
-    first step already uses the same weights everywhere."""
+    """Make every rank hold ``root_rank``'s model and optimizer state.
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    A model that is already built is broadcast when training begins, so the first
+    step already starts from the same weights everywhere (and N ranks on 1/N of
+    each batch match one process on the whole batch). A model that builds lazily
+    (a ``Sequential`` without an ``Input``, a subclassed model) has no variables
+    then: Keras creates them, and the optimizer's, inside the first train step.
+    Those are broadcast at the end of the first batch, as Horovod does, so every
+    rank holds the same weights and optimizer state from the second step on.
+
+    ``local_variables`` (or ``register_local_var``) are left out: each rank keeps
+    its own value (Horovod's worker-local variables)."""
+
+    def __init__(self, root_rank: int, device: str = "",
+                 local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        self._local: dict[int, Any] = {}     # id -> variable (kept alive: ids stay unique)
+        self._sent: set[int] = set()
+        if local_variables is not None:
+            single = not isinstance(local_variables, (list, tuple, set))
+            for variable in [local_variables] if single else local_variables:
+                self.register_local_var(variable)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast: every rank keeps its own value."""
+        if not hasattr(var, "assign") or not hasattr(var, "shape"):
+            raise _hvd.HvdliteTypeError(
+                f"BroadcastGlobalVariablesCallback: a local variable must be a Keras or "
+                f"TensorFlow variable; got {type(var).__name__}")
+        self._local[id(var)] = var
+
+    def _pending(self, include_optimizer: bool) -> list:
+        model = self.model
+        variables = [v for v in model.variables if id(v) not in self._local]
+        optimizer = getattr(model, "optimizer", None)
+        if include_optimizer and optimizer is not None and optimizer.built:
+            variables += [v for v in optimizer.variables if id(v) not in self._local]
+        return [v for v in variables if id(v) not in self._sent]
+
+    def _broadcast(self, variables: list) -> None:
+        broadcast_variables(variables, self.root_rank)
+        self._sent.update(id(v) for v in variables)
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if self.broadcast_done:
             return
-        model = self.model
-        optimizer = getattr(model, "optimizer", None)
-        variables = list(model.variables)
-        if optimizer is not None:
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
-            variables += list(optimizer.variables)
-        broadcast_variables(variables, self.root_rank)
+        self._broadcast(self._pending(include_optimizer=True))
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if self.broadcast_done:
+            return
         self.broadcast_done = True
+        late_model_variables = [v for v in self.model.variables
+                                if id(v) not in self._sent and id(v) not in self._local]
+        if late_model_variables:
+            # Built during the first step from each rank's own initial values: the
+            # step's update and the optimizer state it made differ too.
+            self._broadcast(self._pending(include_optimizer=True))
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -135,9 +174,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.staircase and self._in_range(epoch):
             self._adjust(epoch)
 
+    def _batch_epoch(self, batch: int) -> float:
+        """The fractional epoch a batch's rate is computed at: its start."""
+        return self.current_epoch + batch / self._steps()
+
     def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
         if not self.staircase and self._in_range(self.current_epoch):
-            self._adjust(self.current_epoch + batch / self._steps())
+            self._adjust(self._batch_epoch(batch))
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self._nesterov is None:
@@ -158,20 +201,26 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Goyal et al.'s gradual warmup, as Horovod: over ``warmup_epochs`` the rate
     goes from initial_lr / size to initial_lr, following
-    lr(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)
-    with a fractional epoch, adjusted every batch."""
+    lr(epoch) = initial_lr * (epoch * (size - 1) / warmup_epochs + 1) / size,
+    set before each batch at the fractional epoch its end reaches,
+    ``epoch + (batch + 1) / steps_per_epoch``: the last warm-up batch runs at
+    exactly ``initial_lr``, which then stays."""
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5,
                  momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
                  verbose: int = 0) -> None:
         def multiplier(epoch: float) -> float:
             size = _hvd.size()
-            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+            # Divided by size last: at epoch == warmup_epochs this is size / size, 1.0.
+            return (epoch * (size - 1) / warmup_epochs + 1) / size
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
                          steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
+
+    def _batch_epoch(self, batch: int) -> float:
+        return self.current_epoch + (batch + 1) / self._steps()
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         super().on_epoch_end(epoch, logs)

@@ -50,6 +50,7 @@ class Settings:
     predivide: float = 1.0
     groups: Any = None
     process_set: Optional[ProcessSet] = None
+    scale_local: bool = True
 
 
 class _Distributed:
@@ -91,16 +92,27 @@ class _Distributed:
         for i, variable in enumerate(plain):
             variable.assign(store[str(i)])
 
-    def _hvdlite_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        reducer = self.__dict__.get("_hvdlite_reducer")
+    def _hvdlite_reducer(self) -> Any:
+        reducer = self.__dict__.get("_hvdlite_averager")
         if reducer is None:
             s = self._hvdlite
             reducer = make_reducer(
                 s.name or f"Distributed{type(self).__name__}", compression=s.compression,
                 sparse_as_dense=s.sparse_as_dense, op=s.op, predivide=s.predivide,
-                groups=s.groups, process_set=s.process_set)
-            self.__dict__["_hvdlite_reducer"] = reducer
-        return reducer(grads, variables)
+                groups=s.groups, process_set=s.process_set, scale_local=s.scale_local)
+            self.__dict__["_hvdlite_averager"] = reducer
+        return reducer
+
+    def _hvdlite_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        return self._hvdlite_reducer()(grads, variables)
+
+    def register_local_var(self, var: Any) -> None:
+        """Horovod's worker-local variable: its gradient is not reduced (divided by
+        the set size unless scale_local_gradients=False) and ranks may differ in it."""
+        if not hasattr(var, "assign") or not hasattr(var, "shape"):
+            raise HvdliteTypeError(f"register_local_var takes a Keras or TensorFlow "
+                                   f"variable; got {_describe(var)}")
+        self._hvdlite_reducer().register_local(var)
 
     @entry_point
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
@@ -155,13 +167,18 @@ def distributed_class(base: type, settings: Settings) -> type:
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                         device_dense: str = "", device_sparse: str = "",
                          compression: type[Compressor] = Compression.none,
-                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
-                         average_aggregated_gradients: bool = False, op: int = _hvd.Average,
-                         gradient_predivide_factor: float = 1.0, groups: Groups = None,
-                         process_set: Optional[ProcessSet] = _hvd.global_process_set) -> Any:
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: int = _hvd.Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Groups = None,
+                         process_set: Optional[ProcessSet] = _hvd.global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """A copy of ``optimizer`` (same class and config, fresh state) whose updates
-    use gradients averaged across ranks. ``name`` prefixes the collectives' names."""
+    use gradients averaged across ranks. ``name`` prefixes the collectives' names.
+    Horovod's arguments, in its order (``device_*`` are accepted and unused;
+    ``num_groups=n`` means ``groups=n``)."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise HvdliteTypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
                                f"(keras.optimizers.Optimizer); got {_describe(optimizer)}")
@@ -171,8 +188,33 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     check_settings(backward_passes_per_step, op, gradient_predivide_factor)
     settings = Settings(name, compression or Compression.none, sparse_as_dense,
                         backward_passes_per_step, average_aggregated_gradients, op,
-                        gradient_predivide_factor, groups, process_set)
+                        gradient_predivide_factor, groups if groups is not None else
+                        (num_groups or None), process_set, scale_local_gradients)
     return distributed_class(type(optimizer), settings).from_config(optimizer.get_config())
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: type[Compressor] = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: int = _hvd.Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False,
+                                num_groups: int = 0, groups: Groups = None,
+                                process_set: Optional[ProcessSet] = _hvd.global_process_set,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """A DistributedOptimizer whose ``local_layers``' trainable variables stay
+    worker-local (see ``register_local_var``)."""
+    from hvdlite.keras.variables import local_layer_variables
+    local = local_layer_variables(local_layers, "PartialDistributedOptimizer")
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                   sparse_as_dense, gradient_predivide_factor, op,
+                                   backward_passes_per_step, average_aggregated_gradients,
+                                   num_groups, groups, process_set, scale_local_gradients)
+    for variable in local:
+        wrapped.register_local_var(variable)
+    return wrapped
 
 
 def _keras_optimizer_classes() -> list[type]:

@@ -171,7 +171,7 @@ def test_warmup_and_schedule_follow_horovods_formulas() -> None:
     expected = []
     for epoch in range(5):
         for batch in range(steps):
-            e = epoch + batch / steps
+            e = epoch + (batch + 1) / steps      # warm-up: where the batch ends
             if epoch < 2:
                 expected.append(lr / n * (e * (n - 1) / 2 + 1))
             else:
