@@ -21,8 +21,8 @@ from hvdlite.api.compression import Compression
 from hvdlite.errors import (CollectiveFailedError, ConfigError, DuplicateNameError,
                             HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
                             HvdliteError, HvdliteTypeError, JoinError, MismatchError,
-                            NotInitializedError, PeerLostError, ShutdownError, StallError,
-                            StateError, UsageError)
+                            NotInitializedError, NotSupportedError, PeerLostError,
+                            ShutdownError, StallError, StateError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
@@ -41,7 +41,7 @@ COMMON_NAMES = (
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "traffic",
     "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
-    "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError",
+    "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError", "NotSupportedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
     "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
     "StateError", "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -26,6 +26,11 @@ class HvdliteTypeError(HvdliteError, TypeError):
     """A call was given an object of a type it does not accept."""
 
 
+class NotSupportedError(UsageError, NotImplementedError):
+    """A valid request hvdlite does not implement (an op on sparse gradients that
+    only Average and Sum support). Horovod raises NotImplementedError there."""
+
+
 class NotInitializedError(UsageError):
     """An hvdlite function was called before ``hvdlite.init()``."""
 

@@ -8,6 +8,10 @@ step is one py_function per group inside a graph. ``tf.IndexedSlices`` (an
 Embedding's gradient) are reduced by allgather, or densified first with
 ``sparse_as_dense=True``. A missing gradient (None) takes part as zeros, so a
 rank whose loss does not reach some variable still matches the others.
+Worker-local variables (``register_local_source``, ``local_layers``) are left
+out of the reduction and of the check that ranks train the same variables (a
+model-parallel layer may differ in shape between ranks); their gradients are
+divided by the set size unless ``scale_local_gradients=False``, as Horovod's.
 """
 from __future__ import annotations
 
@@ -37,6 +41,17 @@ class GradientAverager(AveragerSettings):
         if len(grads) != len(variables):
             raise UsageError(f"{self.what}: {len(grads)} gradients for {len(variables)} "
                              "variables")
+        shared, local = self.split_local(variables)
+        reduced = self._reduce_shared([grads[i] for i in shared],
+                                      [variables[i] for i in shared])
+        for i, value in zip(shared, reduced):
+            grads[i] = value
+        scale = self.local_scale()
+        for i in local:
+            grads[i] = _scaled(grads[i], scale)
+        return grads
+
+    def _reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         self.check_variables(variables)
         grads = [self._densify(g, v) for g, v in zip(grads, variables)]
         if self.alone():
@@ -62,3 +77,13 @@ class GradientAverager(AveragerSettings):
         if isinstance(grad, tf.IndexedSlices) and self.sparse_as_dense:
             return tf.convert_to_tensor(grad)
         return grad
+
+
+def _scaled(grad: Any, scale: float) -> Any:
+    """A worker-local gradient times ``scale`` (None stays None: nothing to apply)."""
+    if grad is None or scale == 1.0:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(scale, grad.dtype)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 
 from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.tensorflow.errors import in_tensorflow_terms
 from hvdlite.tensorflow.adapter import is_keras_variable
 
 
@@ -106,7 +107,8 @@ def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A public function of the binding: AutoGraph leaves its body alone (it is
     Python to run at trace time, not code to convert), it refuses to be traced
     into an XLA-compiled function, and its hvdlite errors reach the caller as
-    themselves rather than as AutoGraph StagingErrors."""
+    themselves (and as the TensorFlow error Horovod raises, see ``errors``)
+    rather than as AutoGraph StagingErrors."""
     def checked(*args: Any, **kwargs: Any) -> Any:
         refuse_xla(fn)
         return fn(*args, **kwargs)
@@ -117,6 +119,9 @@ def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return plain(*args, **kwargs)
         except HvdliteError as error:
-            error.ag_pass_through = True   # read by AutoGraph's error rewriting
-            raise
+            both = in_tensorflow_terms(error)
+            both.ag_pass_through = True   # read by AutoGraph's error rewriting
+            if both is error:
+                raise
+            raise both from error.__cause__
     return call

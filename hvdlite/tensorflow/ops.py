@@ -18,7 +18,8 @@ import hvdlite as _hvd
 from hvdlite.api import submission
 from hvdlite.api.compression import Compressor, compressed, compressed_all
 from hvdlite.core.requests import Kind
-from hvdlite.tensorflow import graph, scatter
+from hvdlite.tensorflow import graph, scatter, sparse
+from hvdlite.tensorflow.gather import allgather, grouped_allgather
 from hvdlite.tensorflow.adapter import TENSORFLOW, is_variable
 from hvdlite.tensorflow.generated import GENERATED as _OPS, PS
 from hvdlite.tensorflow.generated import member_rank as _member_rank, refuse as _refuse
@@ -43,33 +44,18 @@ def _allreduce_diff(x: tf.Tensor, average: Optional[bool], name: Optional[str],
     return forward(x)
 
 
-def _sparse_allreduce(slices: tf.IndexedSlices, average: Optional[bool], name: Optional[str],
-                      op: Optional[int], process_set: PS) -> tf.IndexedSlices:
-    """Horovod's reduction of IndexedSlices: allgather the rows and their indices
-    (duplicate indices add up when applied), dividing by the set size for Average."""
-    reduction = submission.reduce_op(op, average)
-    if reduction not in (_hvd.Average, _hvd.Sum):
-        raise _hvd.UsageError("IndexedSlices are reduced with op=Average or Sum only")
-    base = graph.graph_name("sparse_allreduce", name, slices.values)
-    names = (None, None) if base is None else (f"{base}.values", f"{base}.indices")
-    values = allgather(slices.values, name=names[0], process_set=process_set)
-    indices = allgather(slices.indices, name=names[1], process_set=process_set)
-    if reduction == _hvd.Average:
-        size = _hvd.size() if process_set is None else process_set.size()
-        values = values / tf.cast(size, values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
-
-
 def allreduce(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
               compression: Optional[type[Compressor]] = None, op: Optional[int] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: PS = None, *, device_dense: str = "", device_sparse: str = "",
               ignore_name_scope: bool = False) -> Any:
     """Differentiable allreduce (default op: Average), eager or in tf.function.
-    ``tf.IndexedSlices`` are reduced by allgather (Average or Sum). The
+    ``tf.IndexedSlices`` are reduced by allgather (see ``sparse``). The
     ``device_*`` and ``ignore_name_scope`` arguments are accepted for Horovod."""
     if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, average, name, op, process_set)
+        reduction = sparse.check_sparse("allreduce", average, op, prescale_factor,
+                                        postscale_factor)
+        return sparse.reduce_slices([tensor], reduction, name, process_set)[0]
     if not TENSORFLOW.is_tensor(tensor):
         return _refuse("allreduce", tensor, average, name, compression, op, prescale_factor,
                        postscale_factor, process_set)
@@ -98,8 +84,12 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       compression: Optional[type[Compressor]] = None, op: Optional[int] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: PS = None, **horovod: Any) -> list[Any]:
-    """Differentiable per tensor, eager or in tf.function; ops named ``<name>.<i>``."""
+    """Differentiable per tensor, eager or in tf.function; ops named ``<name>.<i>``.
+    ``tf.IndexedSlices`` in the list are reduced together by allgather (``sparse``)."""
     tensors = list(tensors)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        return _grouped_mixed(tensors, average, name, compression, op, prescale_factor,
+                              postscale_factor, process_set)
     if not tensors or not all(TENSORFLOW.is_tensor(t) for t in tensors):
         return _OPS["grouped_allreduce"](tensors, average, name, compression, op,
                                          prescale_factor, postscale_factor, process_set)
@@ -109,45 +99,23 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                               process_set))
 
 
-# -- allgather and broadcast -------------------------------------------------------------------
-def _allgather_grad(dy: tf.Tensor, rows: tf.Tensor, shape: tf.TensorShape,
-                    label: Optional[str], process_set: PS) -> tf.Tensor:
-    """Average the gradient over ranks, keep this rank's rows (``rows`` is a tensor:
-    the first dimension may be known only at run time)."""
-    def eager_grad(d: tf.Tensor, mine: tf.Tensor) -> tf.Tensor:
-        count = int(mine)
-        reduced = _OPS["allreduce"](d, op=Average, name=label, process_set=process_set)
-        counts = _hvd.allgather(np.array([count], dtype=np.int64),
-                                name=None if label is None else f"{label}.rows",
-                                process_set=process_set)
-        start = int(counts[:_member_rank(process_set)].sum())
-        part = reduced[start:start + count]
-        return tf.reshape(part, []) if shape.rank == 0 else part
-    return graph.run(eager_grad, [dy, rows], [dy.dtype], [shape])[0]
+def _grouped_mixed(tensors: list[Any], average: Optional[bool], name: Optional[str],
+                   compression: Optional[type[Compressor]], op: Optional[int],
+                   prescale: float, postscale: float, process_set: PS) -> list[Any]:
+    """A list holding tf.IndexedSlices: the slices in one grouped allgather, the
+    dense tensors in one grouped allreduce, results in the list's order."""
+    reduction = sparse.check_sparse("grouped_allreduce", average, op, prescale, postscale)
+    where = [isinstance(t, tf.IndexedSlices) for t in tensors]
+    slices = sparse.reduce_slices([t for t, s in zip(tensors, where) if s], reduction,
+                                  None if name is None else f"{name}.sparse", process_set)
+    dense_in = [t for t, s in zip(tensors, where) if not s]
+    dense = grouped_allreduce(dense_in, average, name, compression, op, prescale, postscale,
+                              process_set) if dense_in else []
+    dense_out, sparse_out = iter(dense), iter(slices)
+    return [next(sparse_out) if s else next(dense_out) for s in where]
 
 
-def allgather(tensor: Any, name: Optional[str] = None, process_set: PS = None, *,
-              ignore_name_scope: bool = False) -> Any:
-    """Concatenate every rank's tensor on the first dimension (which may differ);
-    differentiable: the gradient is averaged over ranks, then this rank's rows kept."""
-    if not TENSORFLOW.is_tensor(tensor):
-        return _refuse("allgather", tensor, name, process_set)
-    x = graph.as_tensor(tensor)
-
-    @tf.custom_gradient
-    def forward(t: tf.Tensor) -> Any:
-        label = graph.graph_name("allgather", name, t)
-        out = graph.run(lambda e: _OPS["allgather"](e, label, process_set), [t], [t.dtype],
-                        [graph.rows_shape(t)])[0]
-
-        def grad(dy: tf.Tensor) -> tf.Tensor:
-            rows = tf.constant(1) if t.shape.rank == 0 else tf.shape(t)[0]
-            return _allgather_grad(dy, rows, t.shape,
-                                   graph.graph_name("allgather.grad", None, dy), process_set)
-        return out, grad
-    return forward(x)
-
-
+# -- broadcast -------------------------------------------------------------------
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, process_set: PS = None,
               *, ignore_name_scope: bool = False) -> Any:
     """Every rank receives ``root_rank``'s tensor; differentiable: the root gets the
@@ -188,11 +156,29 @@ def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] 
 
 def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,
                process_set: PS = None) -> Any:
-    """Overwrite a tf.Variable (or Keras variable) with ``root_rank``'s value; returns it."""
+    """Overwrite a tf.Variable (or Keras variable) with ``root_rank``'s value; returns it.
+    Given a list of variables (Horovod's TensorFlow form), overwrites each and returns
+    their new values, as tensors."""
+    if isinstance(tensor, (list, tuple)):
+        return _broadcast_variables_(list(tensor), root_rank, name, process_set)
     if graph.eager() or not is_variable(tensor):
         return _OPS["broadcast_"](tensor, root_rank, name, process_set)
     tensor.assign(broadcast(tensor, root_rank, name, process_set))
     return tensor
+
+
+def _broadcast_variables_(variables: list[Any], root_rank: int, name: Optional[str],
+                          process_set: PS) -> list[tf.Tensor]:
+    names = [None if name is None else f"{name}.{i}" for i in range(len(variables))]
+    if graph.eager():
+        handles = [_OPS["broadcast_async_"](v, root_rank, n, process_set)
+                   for v, n in zip(variables, names)]
+        for handle in handles:
+            _OPS["synchronize"](handle)
+    else:
+        for variable, label in zip(variables, names):
+            variable.assign(broadcast(variable, root_rank, label, process_set))
+    return [graph.as_tensor(v) for v in variables]
 
 
 def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
@@ -211,18 +197,6 @@ def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
 
 
 # -- the other collectives: graph-capable, not differentiable ---------------------------------
-def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
-                      process_set: PS = None, **horovod: Any) -> list[Any]:
-    """Allgather each tensor (ops named ``<name>.<i>``), eager or in tf.function."""
-    tensors = list(tensors)
-    if graph.eager() or not tensors or not all(TENSORFLOW.is_tensor(t) for t in tensors):
-        return _OPS["grouped_allgather"](tensors, name, process_set)
-    xs = [graph.as_tensor(t) for t in tensors]
-    label = graph.graph_name("grouped_allgather", name, xs[0])
-    return graph.run(lambda *e: _OPS["grouped_allgather"](list(e), label, process_set), xs,
-                     [x.dtype for x in xs], [graph.rows_shape(x) for x in xs])
-
-
 def barrier(process_set: PS = None) -> None:
     """Wait until every rank of the set arrives (eager or in tf.function)."""
     if graph.eager():

@@ -17,9 +17,10 @@ from hvdlite.tensorflow.gradients import GradientAverager
 
 class DistributedGradientTape:
     """Wraps a tape by composition: recording, ``watch``, ``jacobian``... are the
-    tape's own; ``gradient`` averages the result. ``device_*``, ``num_groups``
-    and ``scale_local_gradients`` are accepted for Horovod (``num_groups`` means
-    ``groups=num_groups``)."""
+    tape's own; ``gradient`` averages the result. ``device_*`` and ``num_groups``
+    are accepted for Horovod (``num_groups`` means ``groups=num_groups``).
+    ``register_local_source(variable)`` keeps a variable's gradient local (not
+    reduced; divided by the set size when ``scale_local_gradients``)."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",
                  device_sparse: str = "", compression: type[Compressor] = Compression.none,
@@ -34,7 +35,7 @@ class DistributedGradientTape:
         self._averager = GradientAverager(
             "DistributedGradientTape", compression, sparse_as_dense, op,
             gradient_predivide_factor, groups if groups is not None else (num_groups or None),
-            process_set)
+            process_set, scale_local_gradients)
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
@@ -46,6 +47,13 @@ class DistributedGradientTape:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_tape"], name)
 
+    def register_local_source(self, source: Any) -> None:
+        """Horovod's worker-local source: its gradient is this rank's own."""
+        if not hasattr(source, "shape") or not hasattr(source, "dtype"):
+            raise HvdliteTypeError(f"register_local_source takes a variable; got "
+                                   f"{type(source).__name__}")
+        self._averager.register_local(source)
+
     @graph.entry_point
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
@@ -53,3 +61,34 @@ class DistributedGradientTape:
         # None and IndexedSlices are leaves for tf.nest, so both lists line up.
         averaged = self._averager(tf.nest.flatten(grads), tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(sources, averaged)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> tuple[list, list]:
+        """``gradient()``'s results split into (local, shared) lists of
+        (variable, gradient) pairs, in the order of ``sources``."""
+        flat = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients))
+        pairs = list(zip(flat, grads))
+        local = [p for p in pairs if id(p[0]) in self._averager.local]
+        shared = [p for p in pairs if id(p[0]) not in self._averager.local]
+        return local, shared
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "",
+                                   compression: type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: int = _hvd.Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Groups = None,
+                                   process_set: Optional[ProcessSet] = None,
+                                   local_layers: Any = None,
+                                   scale_local_gradients: bool = True
+                                   ) -> DistributedGradientTape:
+    """A DistributedGradientTape whose ``local_layers``' variables stay worker-local."""
+    from hvdlite.keras.variables import local_layer_variables
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for variable in local_layer_variables(local_layers, "PartialDistributedGradientTape"):
+        tape.register_local_source(variable)
+    return tape
