@@ -185,6 +185,9 @@ class GradientReducer:
         otherwise added about 2x to a small ResNet's step)."""
         if self._alone():
             self.pending[key] = (None, grad, grad, None)
+            recorder = runtime.RUNTIME.recorder   # HVDLITE_REPORT: what P ranks would reduce
+            if recorder is not None:
+                recorder.unreduced(adapter_for(grad).nbytes(grad))
             return
         wire, context = self._compression.compress(grad)
         adapter = adapter_for(wire)

@@ -54,7 +54,9 @@ def start(engine: Any) -> tuple[StepRecorder, "GpuSampler"]:
         return (clock.total, *chain.traffic_totals())
 
     gpu = GpuSampler.open()
-    return StepRecorder(totals, gpu.sample if gpu.handle is not None else None), gpu
+    reductions = engine.executor.reductions
+    return StepRecorder(totals, gpu.sample if gpu.handle is not None else None,
+                        reduced=lambda: reductions.totals), gpu
 
 
 class GpuSampler:

@@ -21,10 +21,18 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional, Sequence
 
+from hvdlite.api import scaling_model
+from hvdlite.errors import ConfigError
+
 STRAGGLER_MIN_GAP_S = 0.005     # below 5 ms per step, scheduling noise on a shared host
 STRAGGLER_STEP_SHARE = 0.10     # ... and at least a tenth of the median step
 COMM_SHARE_HIGH = 0.25          # exposed communication worth acting on
 MEMORY_IMBALANCE_HIGH = 1.5     # max / min peak RSS across ranks
+# The report's forecast line: a report cannot see the cluster's network, so it takes the
+# commonest one without RDMA, which is also the setting the model was checked against.
+FORECAST_NETWORK = "25GbE"
+FORECAST_SIZES = (8, 64, 512)
+FORECAST_WHY = "the commonest cluster network, and the one checked against the Horovod paper"
 
 STRAGGLER_RULE = (
     f"rank s is a straggler when the median peer wait per step of the other ranks "
@@ -49,7 +57,21 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "straggler_rule": STRAGGLER_RULE, "comm_share": comm_share, "memory": memory,
     }
     summary["verdict"] = verdict(summary, gaps)
+    summary["forecast"] = forecast(summary)
     return summary
+
+
+def forecast(summary: dict[str, Any]) -> dict[str, Any]:
+    """Expected efficiency at FORECAST_SIZES ranks: ring, overlapping backward, on
+    FORECAST_NETWORK (hvdlite/api/scaling_model.py); ``note`` says why not, if not."""
+    try:
+        work = scaling_model.workload_from_report(summary)
+    except ConfigError as exc:
+        return {"note": str(exc)}
+    link = scaling_model.NETWORKS[FORECAST_NETWORK]
+    return {"network": link.name, "algorithm": "ring", "overlap": True,
+            "efficiency": {str(p): scaling_model.step(work, p, "ring", link, True)["efficiency"]
+                           for p in FORECAST_SIZES}}
 
 
 def _derive(record: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +80,8 @@ def _derive(record: dict[str, Any]) -> dict[str, Any]:
     if not record["steps"]:
         for field in ("step_time_s", "compute_time_s", "comm_wait_s", "peer_wait_s",
                       "waiting_for_peers_s", "exposed_comm_s", "other_wait_s",
-                      "bytes_sent", "bytes_received"):
+                      "bytes_sent", "bytes_received", "step_time_sd_s", "allreduce_calls",
+                      "allreduce_tensors", "allreduce_bytes"):
             record[field] = None
         return record
     record["comm_wait_s"] = record.pop("optimizer_wait_s") + record["other_wait_s"]
@@ -181,5 +204,15 @@ def _findings(summary: dict[str, Any]) -> list[str]:
     if any(r.get("bytes_estimated") for r in ranks):
         lines.append("bytes: partly estimated (MPI's own collectives, whose algorithm MPI "
                      "chooses, count what a bandwidth-optimal algorithm moves)")
+    lines.append(_forecast_line(summary.get("forecast") or {}))
     lines.append(f"verdict: {summary['verdict']}")
     return lines
+
+
+def _forecast_line(made: dict[str, Any]) -> str:
+    if "efficiency" not in made:
+        return f"scaling forecast: none ({made.get('note', 'no forecast in this report')})"
+    cells = ", ".join(f"{share:.0%} at {p}" for p, share in made["efficiency"].items())
+    return (f"scaling forecast (ring overlapping backward, on {made['network']}: "
+            f"{FORECAST_WHY}): {cells} ranks; other networks: python -m hvdlite.bench "
+            "forecast --report DIR")

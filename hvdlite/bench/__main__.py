@@ -1,4 +1,5 @@
-"""Entry point: ``python -m hvdlite.bench {allreduce|training|traffic|keras|gpu} [options]``."""
+"""Entry point: ``python -m hvdlite.bench {allreduce|training|traffic|forecast|keras|gpu}
+[options]``."""
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,19 @@ def _traffic(argv: Sequence[str]) -> None:
     traffic.main(argv)
 
 
+def _forecast(argv: Sequence[str]) -> None:
+    from hvdlite.bench import forecast     # one process, no MPI
+    forecast.main(argv)
+
+
+def _forecast_check(argv: Sequence[str]) -> None:
+    from hvdlite.bench import forecast_check
+    forecast_check.main(argv)
+
+
 COMMANDS = {"allreduce": allreduce.main, "training": training.main,
-            "training-worker": training.worker, "traffic": _traffic, "keras": _keras,
+            "training-worker": training.worker, "traffic": _traffic, "forecast": _forecast,
+            "forecast-check": _forecast_check, "keras": _keras,
             "keras-worker": _keras_worker, "gpu": _gpu}
 
 if __name__ == "__main__":

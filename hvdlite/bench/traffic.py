@@ -20,19 +20,22 @@ latency-bandwidth (alpha-beta) time model at ``--bandwidth`` GB/s per link and
 as fast: its two ranks send at the same time, while the server's push and pull
 phases follow each other.)
 
-and writes a plot of both (``--plot``; matplotlib Agg).
+and writes a plot of both (``--plot``; matplotlib Agg). The formulas are the
+scaling forecast's (``python -m hvdlite.bench forecast``), written once there.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
+from hvdlite.api import scaling_model
 from hvdlite.api.control import reconfigure
+from hvdlite.api.scaling_model import formula_bytes
 from hvdlite.bench.timing import seconds_per_call
 
 ALGORITHMS = ("ps", "ring", "mpi")
@@ -40,21 +43,13 @@ FORMULAS = {"ps": "N(P-1) at the server (workers: N)", "ring": "2N(P-1)/P on eve
             "mpi": "not counted (MPI's own algorithm)"}
 
 
-def formula_bytes(algorithm: str, nbytes: int, size: int) -> Optional[int]:
-    """Bytes the busiest rank sends (and receives) in one allreduce of ``nbytes``."""
-    if algorithm == "ps":
-        return nbytes * (size - 1)
-    if algorithm == "ring":
-        return 2 * nbytes * (size - 1) // size
-    return None
-
-
 def model_seconds(algorithm: str, nbytes: int, size: int, bandwidth: float,
                   latency: float) -> float:
-    """The alpha-beta model above (bandwidth in bytes/s, latency in seconds)."""
-    if algorithm == "ps":
-        return 2 * (size - 1) * (latency + nbytes / bandwidth)
-    return 2 * (size - 1) * (latency + nbytes / (size * bandwidth))
+    """The alpha-beta model above (bandwidth in bytes/s, latency in seconds): the
+    scaling forecast's allreduce cost (hvdlite/api/scaling_model.py), one message."""
+    cost = scaling_model.allreduce_cost(algorithm, size,
+                                        scaling_model.Link("given", bandwidth, latency))
+    return cost.latency + cost.per_byte * nbytes
 
 
 def _counted(algorithm: str) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from hvdlite.core import fusion
 from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
+from hvdlite.core.recorder import ReductionCount
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 from hvdlite.reduce_op import OPS_BY_VALUE
 
@@ -43,6 +44,7 @@ class Executor:
         # Stream-ordered work already completed to its callers, with the requests whose
         # inputs it may still be reading (see _after).
         self._retiring: collections.deque[tuple[Work, Any]] = collections.deque()
+        self.reductions = ReductionCount()      # HVDLITE_REPORT's gradients per step
 
     def reconfigure(self, config: Any) -> None:
         """Apply a negotiated settings change (same point on every rank)."""
@@ -185,6 +187,7 @@ class Executor:
         postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         timeline = self._timeline()
         start = 0.0 if timeline is None else self._span(timeline, requests, "queue", 0.0)
+        self.reductions.add(len(group), sum(r.count for r in group) * wide.itemsize)
         if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
                                                  postscale):
             return

@@ -39,9 +39,16 @@ def _check_files(report: dict, directory: Path, np: int, output: str) -> None:
         assert record["steps"] == 24                    # 25 boundaries, 24 steps between
         assert record["step_time_s"] > 0.02 and record["bytes_sent"] > 0
         assert record["rss_peak_bytes"] > 0
-    assert {"stragglers", "comm_share", "verdict"} <= report.keys()
+        # What the forecast reads, at any size: 2372 fp32 gradients and the 4-byte loss,
+        # in 5 tensors, reduced in at most 5 buckets per step.
+        assert record["allreduce_bytes"] == 4 * (2372 + 1) and record["allreduce_tensors"] == 5
+        assert 1 <= record["allreduce_calls"] <= 5 and record["step_time_sd_s"] >= 0
+    assert {"stragglers", "comm_share", "verdict", "forecast"} <= report.keys()
+    shares = [report["forecast"]["efficiency"][p] for p in ("8", "64", "512")]
+    assert 0 < shares[2] <= shares[1] <= shares[0] <= 1, report["forecast"]
     text = (directory / "report.txt").read_text()
     assert output.count("hvdlite report:") == 1 and "verdict:" in text
+    assert "scaling forecast (ring overlapping backward, on 25GbE" in text
     png = (directory / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     import matplotlib.image

@@ -251,3 +251,20 @@ def test_in_place_results_are_written_back_into_strided_targets(size: int) -> No
         assert results["wb"] is views[2]
         assert views[2].tolist() == target(size - 1, 2)[::2, 1::2].tolist()
     on_ranks(size, steps, allreduce="mpi")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_each_reduction_its_tensors_and_bytes_are_counted_for_the_report(size: int) -> None:
+    """HVDLITE_REPORT's gradients per step (the scaling forecast's input) at any size,
+    one rank included: a fused group is one reduction, half types count widened."""
+    def make(rank: int) -> list[Request]:
+        return [allreduce(f"c{i}", contribution(rank, shape, np.float32, i), ReduceOp.SUM)
+                for i, shape in enumerate(FUSED_SHAPES)] + [
+            allreduce("half", contribution(rank, (3,), np.float16, 9), ReduceOp.SUM)]
+
+    def steps(me: Ranks) -> None:
+        me.run(make(me.rank), responses_for(make))
+        assert me.executor.reductions.totals == (2, len(FUSED_SHAPES) + 1, 16 * 4 + 3 * 4)
+        me.run(make(me.rank), responses_for(make))
+        assert me.executor.reductions.totals == (4, 2 * len(FUSED_SHAPES) + 2, 2 * 76)
+    on_ranks(size, steps)

@@ -221,6 +221,22 @@ def test_on_one_rank_nothing_is_sent_without_a_predivide_factor(job: _Job,
         assert reducer.pending == {}
 
 
+def test_on_one_rank_the_report_still_learns_the_gradients(job: _Job,
+                                                           monkeypatch: Any) -> None:
+    """HVDLITE_REPORT's recorder hears of each gradient not reduced (the scaling
+    forecast of a one-rank run needs their bytes); without a report nothing is told."""
+    monkeypatch.setattr(runtime, "size", lambda: 1)
+    told: list[int] = []
+    monkeypatch.setattr(runtime.RUNTIME, "recorder", SimpleNamespace(unreduced=told.append))
+    reducer = job.reducer()
+    reducer.submit("a", np.zeros(3, np.float32))
+    reducer.submit("b", np.zeros(5, np.float64))
+    assert told == [12, 40] and job.started == []
+    monkeypatch.setattr(runtime.RUNTIME, "recorder", None)
+    reducer.submit("c", np.zeros(3, np.float32))
+    assert told == [12, 40]
+
+
 @pytest.mark.parametrize("factor", [0.5, 3.0])
 def test_on_one_rank_a_predivide_factor_is_still_applied(job: _Job, factor: float) -> None:
     reducer = job.reducer(predivide=factor, process_set=hvd.ProcessSet([0]))
