@@ -6,6 +6,10 @@ allreduced asynchronously in place, so communication overlaps the rest of the
 backward pass. ``step()`` waits for all of them, then runs the wrapped
 optimizer.
 
+From the second step, gradients live in flat buckets (``buckets``): ``.grad`` is a
+view of its bucket and one in-place allreduce per full bucket replaces the
+per-gradient ones (HVDLITE_BUCKET_BYTES=0 keeps the per-gradient path).
+
 It wraps the user's optimizer by composition inside one subclass of
 ``torch.optim.Optimizer`` (so LR schedulers accept it): ``param_groups``,
 ``state`` and ``defaults`` are the wrapped optimizer's own objects, so its
@@ -21,11 +25,13 @@ import torch
 
 import hvdlite as _hvd
 from hvdlite.api import report as _report
-from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
+from hvdlite.api import runtime
+from hvdlite.api.gradients import GradientReducer, Groups, plan_groups, reduces_nothing
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.torch import buckets as _buckets
 from hvdlite.torch.ops import OPS, sparse_allreduce_async
 
 
@@ -62,10 +68,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._densified: list[torch.Tensor] = []   # sparse_as_dense: made sparse again after
         self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._by_key = {id(p): p for p in self._params}
+        self._groups = plan_groups([id(p) for p in self._params], groups, key_of=id)
         self._reducer = GradientReducer(
             OPS, _parameter_names(optimizer, named_parameters), compression,
             backward_passes_per_step, op, gradient_predivide_factor, process_set,
-            plan_groups([id(p) for p in self._params], groups, key_of=id))
+            self._groups)
+        self._settings = (backward_passes_per_step, compression, op, gradient_predivide_factor)
+        # Gradient buckets, made after the first step (see buckets.py); until then the
+        # order backward produces gradients in, and the parameters with sparse ones.
+        self._buckets: Optional[_buckets.Buckets] = None
+        self._ready_order: dict[int, None] = {}
+        self._sparse_ids: set[int] = set()
         self._synchronized = False
         self._should_synchronize = True
         self._warned_double_sync = False
@@ -112,6 +125,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient reduction --------------------------------------------------------------------
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        buckets = self._buckets
+        if buckets is not None and id(param) in buckets.of:
+            buckets.ready(param)
+            return
+        if buckets is None:
+            self._ready_order[id(param)] = None
         if id(param) in self._sparse_pending:   # the reducer's own check sees dense ones
             raise HvdliteError(
                 f"rank {_hvd.rank()}: the gradient of '{self._reducer.names[id(param)]}' "
@@ -135,6 +154,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if param.grad is None:   # no gradient here this step; peers may have one
             param.grad = torch.zeros_like(param)
         elif param.grad.is_sparse:
+            self._sparse_ids.add(id(param))
             if not self._sparse_as_dense:
                 # Allgather indices and values (no compression: they are exact rows).
                 handle = sparse_allreduce_async(
@@ -161,14 +181,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Every started reduction is waited for even when one fails, and the first
         error raised after: nothing is left pending (see GradientReducer.wait_all)."""
         errors: list[HvdliteError] = []
+        buckets = self._buckets
         try:
             if not self._synchronized:
                 missed = [p for p in self._params if id(p) not in self._reducer.pending
-                          and id(p) not in self._sparse_pending]
+                          and id(p) not in self._sparse_pending
+                          and (buckets is None or id(p) not in buckets.of)]
                 if missed:
                     self._submit_all(missed)
+                if buckets is not None:
+                    buckets.start_the_rest()
         except HvdliteError as error:
             errors.append(error)
+        if buckets is not None:
+            errors.extend(buckets.wait_all(OPS["synchronize"]))
         try:
             self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
         except HvdliteError as error:
@@ -185,6 +211,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             raise errors[0]
         self._synchronized = True
+        if buckets is None and runtime.config().bucket_bytes and not reduces_nothing(
+                self._process_set, self._settings[3]):
+            self._make_buckets()
+
+    def _make_buckets(self) -> None:
+        """After the first step's reduction: buckets in the order backward produced
+        the gradients, parameters with no gradient after them (rank 0's, for all)."""
+        params = self._params
+        index = {id(p): i for i, p in enumerate(params)}
+        order = [index[k] for k in self._ready_order if k in index]
+        seen = set(order)
+        order += [i for i in reversed(range(len(params))) if i not in seen]
+        sparse = [index[k] for k in self._sparse_ids if k in index]
+        groups = [[index[k] for k in members if k in index] for members in self._groups[1]]
+        passes, compression, op, predivide = self._settings
+        root = 0 if self._process_set is None else self._process_set.ranks[0]
+        self._buckets = _buckets.build(
+            params, self._reducer.names, order, sparse, runtime.config().bucket_bytes, groups,
+            passes, compression, op, predivide, self._process_set,
+            lambda mine: _hvd.broadcast_object(mine, root, "DistributedOptimizer.buckets",
+                                               self._process_set))
+        self._ready_order.clear()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -199,7 +247,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         if self._should_synchronize and self._synchronized:
             self._warn_step_after_synchronize()
-        waiting = self._reducer.pending or self._sparse_pending
+        waiting = (self._reducer.pending or self._sparse_pending
+                   or (self._buckets is not None and self._buckets.pending))
         if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
@@ -224,14 +273,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
             UserWarning, stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        pending = len(self._reducer.pending) + len(self._sparse_pending)
+        """As the wrapped optimizer's. With ``set_to_none=False``, bucketed gradients
+        are zeroed in their buckets and stay views of them: the next backward adds
+        straight into the buckets. With None (torch's default), each new gradient is
+        copied into its bucket when its hook fires (see buckets.py)."""
+        buckets = self._buckets
+        pending = len(self._reducer.pending) + len(self._sparse_pending) + (
+            len(buckets.started) if buckets is not None else 0)
         if pending:
             raise HvdliteError(
                 f"rank {_hvd.rank()}: optimizer.zero_grad() was called while {pending} "
                 "gradients are still being averaged across ranks "
                 "(after backward(), before step()/synchronize()). Call zero_grad() before "
                 "backward() or after step().")
-        self._optimizer.zero_grad(set_to_none=set_to_none)
+        if buckets is None or set_to_none:
+            self._optimizer.zero_grad(set_to_none=set_to_none)
+            return
+        buckets.zero()
+        for group in self._optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in buckets.of and param.grad is not None:
+                    param.grad.detach_().zero_()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._optimizer.add_param_group(param_group)

@@ -1,0 +1,276 @@
+"""The torch DistributedOptimizer's gradient buckets (the default from the second
+step; HVDLITE_BUCKET_BYTES=0 is the per-gradient path): N ranks on 1/N of each
+batch match one process on the whole batch and the per-gradient path, every rank
+holds bitwise identical parameters, ``.grad`` is a view of its bucket, a step
+costs one submission per bucket, and each case the buckets must keep working
+(accumulation, sparse gradients, compression, groups, missing gradients,
+zero_grad both ways, clipping, two optimizers) or refuse clearly (a parameter
+whose shape changed after step 1 fails every rank, naming it, without a hang)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvdlite.torch as hvd  # noqa: E402
+from hvdlite.api import runtime  # noqa: E402
+from hvdlite.api.control import reconfigure  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
+
+STEPS, ROWS = 4, 3
+TOLERANCE = 1e-12       # float64: only the order of the sums differs
+
+
+@pytest.fixture
+def bucket_bytes() -> Iterator[Callable[[int], None]]:
+    """Set HVDLITE_BUCKET_BYTES for the optimizers a test makes (negotiated, so every
+    rank switches together), and put it back after."""
+    previous = runtime.config().bucket_bytes
+    yield lambda value: reconfigure(bucket_bytes=value)
+    reconfigure(bucket_bytes=previous)
+
+
+def _model(seed: int = 0) -> "torch.nn.Module":
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3)).double()
+
+
+def _batch(rank: int, step: int) -> "torch.Tensor":
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(ROWS, 5, generator=generator, dtype=torch.float64)
+
+
+def _loss(model: "torch.nn.Module", x: "torch.Tensor") -> "torch.Tensor":
+    return model(x).pow(2).sum()
+
+
+def _train(optimizer_of: Callable[[Any], Any], steps: int = STEPS,
+           zero: Callable[[Any], None] = lambda o: o.zero_grad(),
+           between: Callable[[Any, Any], None] = lambda m, o: None) -> "torch.nn.Module":
+    model = _model()
+    optimizer = optimizer_of(model)
+    for step in range(steps):
+        zero(optimizer)
+        _loss(model, _batch(hvd.rank(), step)).backward()
+        between(model, optimizer)
+        optimizer.step()
+    return model
+
+
+def _distributed(model: "torch.nn.Module", **options: Any) -> Any:
+    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                    named_parameters=model.named_parameters(), **options)
+
+
+def _one_process(steps: int = STEPS) -> "torch.nn.Module":
+    """One process on every rank's batch: the mean of the ranks' losses."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        (sum(_loss(model, _batch(r, step)) for r in range(hvd.size())) / hvd.size()).backward()
+        optimizer.step()
+    return model
+
+
+def _params(model: "torch.nn.Module") -> list[np.ndarray]:
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def _assert_close(got: "torch.nn.Module", want: "torch.nn.Module") -> None:
+    for a, b in zip(_params(got), _params(want)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("cap", [25 << 20, 1000])       # one bucket; one per few params
+def test_buckets_match_one_process_and_the_per_gradient_path(cap: int, bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    bucket_bytes(cap)
+    bucketed = _train(_distributed)
+    bucket_bytes(0)
+    per_gradient = _train(_distributed)
+    _assert_close(bucketed, _one_process())
+    _assert_close(bucketed, per_gradient)
+    assert_identical_everywhere(_params(bucketed))
+
+
+def test_grads_are_views_of_the_buckets_after_the_first_step() -> None:
+    model = _model()
+    optimizer = _distributed(model)
+    _loss(model, _batch(hvd.rank(), 0)).backward()
+    optimizer.step()
+    buckets = optimizer._buckets.buckets
+    assert sum(len(b.params) for b in buckets) == len(list(model.parameters()))
+    for bucket in buckets:
+        start = bucket.flat.data_ptr()
+        end = start + bucket.flat.numel() * bucket.flat.element_size()
+        for param in bucket.params:
+            assert param.grad._base is bucket.flat
+            assert start <= param.grad.data_ptr() < end
+    # Backward adds into the buckets (set_to_none=False keeps the views): averaged
+    # results are read straight from .grad.
+    optimizer.zero_grad(set_to_none=False)
+    assert all(float(b.flat.abs().sum()) == 0.0 for b in buckets)
+    _loss(model, _batch(hvd.rank(), 1)).backward()
+    optimizer.synchronize()
+    assert all(p.grad._base is buckets[0].flat or p.grad._base in [b.flat for b in buckets]
+               for p in model.parameters())
+    with optimizer.skip_synchronize():
+        optimizer.step()
+
+
+def test_a_steady_step_is_one_submission_per_bucket(bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    bucket_bytes(1000)
+    model = _model()
+    optimizer = _distributed(model)
+    engine = runtime.engine()
+    submitted: list[str] = []
+    plain_submit = engine.submit
+
+    def counting(request: Any, finish: Any = None) -> int:
+        submitted.append(request.desc.name)
+        return plain_submit(request, finish)
+    engine.submit = counting          # an instance attribute shadows the method
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            _loss(model, _batch(hvd.rank(), step)).backward()
+            optimizer.step()
+            if step == 0:
+                submitted.clear()     # the first step: per gradient, then the layout
+    finally:
+        del engine.submit
+    names = [b.name for b in optimizer._buckets.buckets]
+    assert len(names) > 1 and sorted(submitted) == sorted(names * 2)
+
+
+@pytest.mark.parametrize("zero", ["set_to_none", "zeros", "model"])
+def test_every_way_of_zeroing_gives_the_same_training(zero: str, bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    bucket_bytes(1000)
+    zeroing = {"set_to_none": lambda o: o.zero_grad(),
+               "zeros": lambda o: o.zero_grad(set_to_none=False),
+               "model": None}[zero]
+    models: list = []
+
+    def optimizer_of(model: Any) -> Any:
+        models.append(model)
+        return _distributed(model)
+    if zeroing is None:        # model.zero_grad(): .grad None, behind the optimizer's back
+        zeroing = lambda o: models[0].zero_grad()   # noqa: E731
+    model = _train(optimizer_of, zero=zeroing)
+    _assert_close(model, _one_process())
+    if zero == "set_to_none":
+        model_grads = [p.grad for p in model.parameters()]
+        assert all(g is not None for g in model_grads)
+
+
+@pytest.mark.parametrize("options", [{"backward_passes_per_step": 2},
+                                     {"groups": [[2, 3]]},
+                                     {"compression": "fp16"}],
+                         ids=["accumulation", "groups", "fp16"])
+def test_accumulation_sparse_compression_and_groups(options: dict, bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    """Each with a sparse embedding (reduced by allgather, outside the buckets), against
+    the same options on the per-gradient path."""
+    def run() -> list[np.ndarray]:
+        torch.manual_seed(3)
+        table = torch.nn.Embedding(10, 5, sparse=True).double()
+        head = _model()
+        params = list(table.parameters()) + list(head.parameters())
+        settings = dict(options)
+        if "groups" in settings:
+            settings["groups"] = [[params[i] for i in g] for g in settings["groups"]]
+        if "compression" in settings:
+            settings["compression"] = hvd.Compression.fp16
+        micro = settings.get("backward_passes_per_step", 1)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), **settings)
+        for step in range(3):
+            optimizer.zero_grad()
+            for m in range(micro):
+                ids = torch.tensor([(hvd.rank() + step) % 10, (3 * m) % 10])
+                _loss(head, table(ids)).backward()
+            optimizer.step()
+        if optimizer._buckets is not None:
+            assert id(table.weight) not in optimizer._buckets.of
+            assert all(id(p) in optimizer._buckets.of for p in head.parameters())
+            if "groups" in settings:
+                assert [b.params for b in optimizer._buckets.buckets].count(params[2:4]) == 1
+        return [p.detach().numpy().copy() for p in params]
+    bucket_bytes(1000)
+    bucketed = run()
+    bucket_bytes(0)
+    per_gradient = run()
+    for a, b in zip(bucketed, per_gradient):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 if "compression" in options
+                                   else TOLERANCE)
+    assert_identical_everywhere(bucketed)
+
+
+def test_parameters_without_gradient_on_some_ranks(bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    bucket_bytes(1000)
+    model = _model()
+    optimizer = _distributed(model)
+    for step in range(3):
+        optimizer.zero_grad()
+        x = _batch(hvd.rank(), step)
+        if hvd.rank() % 2:                 # odd ranks: the last layer gets no gradient
+            model[:4](x).pow(2).sum().backward()
+        else:
+            _loss(model, x).backward()
+        optimizer.step()
+    assert_identical_everywhere(_params(model))
+
+
+def test_clipping_between_synchronize_and_step(bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    def clip(model: Any, optimizer: Any) -> None:
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+    def clipped_step(optimizer: Any) -> None:
+        with optimizer.skip_synchronize():
+            type(optimizer).step(optimizer)
+
+    def optimizer_of(model: Any) -> Any:
+        optimizer = _distributed(model)
+        optimizer.step = lambda: clipped_step(optimizer)    # the script's own step
+        return optimizer
+    bucket_bytes(1000)
+    bucketed = _train(optimizer_of, between=clip)
+    bucket_bytes(0)
+    per_gradient = _train(optimizer_of, between=clip)
+    _assert_close(bucketed, per_gradient)
+    assert_identical_everywhere(_params(bucketed))
+
+
+def test_two_optimizers_keep_their_buckets_apart() -> None:
+    first, second = _model(1), _model(2)
+    optimizers = [hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()])
+        for prefix, model in (("generator", first), ("critic", second))]
+    for step in range(3):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        (_loss(first, _batch(hvd.rank(), step)) + _loss(second, _batch(hvd.rank(), step))).backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    names = [b.name for o in optimizers for b in o._buckets.buckets]
+    assert len(set(names)) == len(names)
+    assert_identical_everywhere(_params(first) + _params(second))
+
+
+def test_a_parameter_whose_shape_changed_fails_every_rank_clearly() -> None:
+    model = _model()
+    optimizer = _distributed(model)
+    _loss(model, _batch(hvd.rank(), 0)).backward()
+    optimizer.step()
+    if hvd.rank() == 0:        # one rank widens the last layer after step 1
+        model[4].weight.data = torch.zeros(4, 16, dtype=torch.float64)
+        model[4].bias.data = torch.zeros(4, dtype=torch.float64)
+    optimizer.zero_grad()
+    with pytest.raises(hvd.HvdliteError, match=r"rank 0: .*'4\.(weight|bias)'.* bucket"):
+        _loss(model, _batch(hvd.rank(), 1)).backward()
+        optimizer.step()
