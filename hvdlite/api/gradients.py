@@ -44,6 +44,33 @@ def plan_groups(keys: Sequence[Key], groups: Groups,
     return {k: g for g, group in enumerate(members) for k in group}, members
 
 
+FIRST_BUCKET_BYTES = 1 << 20     # DDP's first bucket: starts communication early
+
+
+def bucket_plan(nbytes: Sequence[int], kinds: Sequence[Hashable], order: Sequence[int],
+                cap: int, first: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Gradient buckets, as positions: ``order`` cut into runs of one kind (dtype and
+    device), a new bucket past ``cap`` bytes (0: no cap), the first one of each kind
+    past ``min(first, cap)`` bytes. Every framework's buckets are laid out here."""
+    first = min(first, cap) if cap else 0
+    open_: dict[Hashable, list[int]] = {}
+    sizes: dict[Hashable, int] = {}
+    closed: set[Hashable] = set()         # kinds past their first bucket
+    done: list[list[int]] = []
+    for i in order:
+        kind = kinds[i]
+        limit = cap if kind in closed else first
+        bucket = open_.setdefault(kind, [])
+        if bucket and limit and sizes[kind] + nbytes[i] > limit:
+            done.append(bucket)
+            closed.add(kind)
+            bucket = open_[kind] = []
+            sizes[kind] = 0
+        bucket.append(i)
+        sizes[kind] = sizes.get(kind, 0) + nbytes[i]
+    return done + [b for b in open_.values() if b]
+
+
 def check_settings(passes_per_step: int, op: int, predivide: float) -> None:
     """The DistributedOptimizer arguments every framework refuses alike."""
     if passes_per_step < 1:
@@ -121,6 +148,16 @@ class AveragerSettings:
         local = [i for i, v in enumerate(variables) if id(v) in self.local]
         mine = set(local)
         return [i for i in range(len(variables)) if i not in mine], local
+
+    def bucket_layout(self, nbytes: Sequence[int],
+                      kinds: Sequence[Hashable]) -> Optional[list[list[int]]]:
+        """Keras' gradients in HVDLITE_BUCKET_BYTES buckets (reverse variable order, as
+        the torch optimizer before its first step): positions per bucket; None where
+        ``groups=`` decides the grouping or buckets are off."""
+        cap = runtime.config().bucket_bytes
+        if self.groups is not None or not cap:
+            return None
+        return bucket_plan(nbytes, kinds, list(reversed(range(len(nbytes)))), cap)
 
     def local_scale(self) -> float:
         """What a worker-local gradient is multiplied by: 1 / set size (Horovod's

@@ -34,6 +34,12 @@ class Method:
 @dataclass
 class Samples:
     values: list[float] = field(default_factory=list)
+    others: dict[str, list[float]] = field(default_factory=dict)   # a result's other fields
+
+    @property
+    def extra(self) -> dict[str, float]:
+        """The median of each other numeric field of the results."""
+        return {k: statistics.median(v) for k, v in self.others.items() if v}
 
     @property
     def median(self) -> float:
@@ -74,7 +80,11 @@ def interleaved(methods: Sequence[Method], np_: int, rounds: int, key: str,
         order = [methods[(i + round_) % len(methods)] for i in range(len(methods))]
         for method in order:
             started = time.monotonic()
-            samples[method.label].values.append(float(launch(method, np_)[key]))
+            result = launch(method, np_)
+            samples[method.label].values.append(float(result[key]))
+            for name, value in result.items():
+                if name != key and isinstance(value, (int, float)):
+                    samples[method.label].others.setdefault(name, []).append(float(value))
             if progress is not None:
                 print(f"{progress} np={np_} round {round_ + 1}/{rounds} {method.label}: "
                       f"{samples[method.label].values[-1]:.1f} "

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all
+from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all, scaled_op
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.torch.ops import OPS
 
@@ -37,9 +37,32 @@ class TorchGradientAverager(AveragerSettings):
                  for g, v in zip(grads, variables)]
         if self.alone() or not dense:
             return dense
-        by_id = {id(v): i for i, v in enumerate(variables)}
-        plan = plan_groups(list(range(len(dense))), self.groups, key_of=lambda v: by_id[id(v)])
+        plan = self.bucket_layout([g.numel() * g.element_size() for g in dense],
+                                  [(g.dtype, g.device) for g in dense])
         with torch.no_grad():
+            if plan is not None:
+                return self._reduce_buckets(dense, plan)
+            by_id = {id(v): i for i, v in enumerate(variables)}
+            groups = plan_groups(list(range(len(dense))), self.groups,
+                                 key_of=lambda v: by_id[id(v)])
             return reduce_all(OPS["grouped_allreduce"], dense, f"{self.what}.grads",
-                              self.compression, self.op, self.predivide, plan,
+                              self.compression, self.op, self.predivide, groups,
                               self.process_set)
+
+    def _reduce_buckets(self, grads: list[Any], plan: list[list[int]]) -> list[Any]:
+        """One flat in-place allreduce per bucket (one copy in); the results are
+        views of the bucket, reshaped (no copy out)."""
+        op, prescale, postscale = scaled_op(self.op, self.predivide, self.process_set)
+        reduced = list(grads)
+        for number, members in enumerate(plan):
+            flat = torch.cat([grads[i].reshape(-1) for i in members])
+            wire, context = self.compression.compress(flat)
+            OPS["allreduce_"](wire, name=f"{self.what}.bucket.{number}", op=op,
+                              prescale_factor=prescale, postscale_factor=postscale,
+                              process_set=self.process_set)
+            if wire is not flat:
+                flat = self.compression.decompress(wire, context)
+            parts = flat.split([grads[i].numel() for i in members])
+            for i, part in zip(members, parts):
+                reduced[i] = part.view(grads[i].shape)
+        return reduced

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all
+from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all, scaled_op
 from hvdlite.errors import UsageError
 from hvdlite.tensorflow.functions import check_same_variables, variable_specs
 from hvdlite.tensorflow.ops import OPS
@@ -57,12 +57,7 @@ class GradientAverager(AveragerSettings):
         if self.alone():
             return grads
         dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
-        by_id = {id(variables[i]): n for n, i in enumerate(dense)}
-        plan = plan_groups(list(range(len(dense))), self.groups,
-                           key_of=lambda v: by_id[id(v)])
-        reduced = reduce_all(OPS["grouped_allreduce"], [grads[i] for i in dense],
-                             f"{self.what}.grads", self.compression, self.op, self.predivide,
-                             plan, self.process_set) if dense else []
+        reduced = self._reduce_dense([grads[i] for i in dense], [variables[i] for i in dense])
         for i, value in zip(dense, reduced):
             grads[i] = value
         for i, grad in enumerate(grads):
@@ -70,6 +65,33 @@ class GradientAverager(AveragerSettings):
                 grads[i] = OPS["allreduce"](grad, name=f"{self.what}.sparse.{i}", op=self.op,
                                             process_set=self.process_set)
         return grads
+
+    def _reduce_dense(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        """Bucketed (one flat allreduce per bucket: one request, one py_function), or
+        one grouped op per ``groups=`` group."""
+        if not grads:
+            return []
+        sizes = [g.shape.num_elements() for g in grads]
+        plan = None if None in sizes else self.bucket_layout(
+            [n * g.dtype.size for n, g in zip(sizes, grads)], [g.dtype for g in grads])
+        if plan is None:
+            by_id = {id(v): n for n, v in enumerate(variables)}
+            groups = plan_groups(list(range(len(grads))), self.groups,
+                                 key_of=lambda v: by_id[id(v)])
+            return reduce_all(OPS["grouped_allreduce"], grads, f"{self.what}.grads",
+                              self.compression, self.op, self.predivide, groups,
+                              self.process_set)
+        op, prescale, postscale = scaled_op(self.op, self.predivide, self.process_set)
+        reduced = list(grads)
+        for number, members in enumerate(plan):
+            flat = tf.concat([tf.reshape(grads[i], [-1]) for i in members], axis=0)
+            total = OPS["allreduce"](flat, name=f"{self.what}.bucket.{number}",
+                                     compression=self.compression, op=op,
+                                     prescale_factor=prescale, postscale_factor=postscale,
+                                     process_set=self.process_set)
+            for i, part in zip(members, tf.split(total, [sizes[i] for i in members])):
+                reduced[i] = tf.reshape(part, grads[i].shape)
+        return reduced
 
     def _densify(self, grad: Any, variable: Any) -> Any:
         if grad is None:

@@ -28,7 +28,7 @@ import torch
 
 from hvdlite.api import runtime
 from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import scaled_op
+from hvdlite.api.gradients import bucket_plan, scaled_op
 from hvdlite.api.prepared import PreparedAllreduce
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import Call
@@ -37,43 +37,19 @@ from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.ops import OPS
 
-FIRST_BUCKET_BYTES = 1 << 20     # DDP's first bucket: starts communication early
 _FAILED = object()               # a bucket's handle after this rank failed it (see _deviated)
 
 
 def layout(params: Sequence[torch.Tensor], order: Sequence[int], cap: int,
            groups: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Parameter indices per bucket: ``groups`` first (each its own buckets), then
-    the rest in ``order``, cut at ``cap`` bytes (the first at FIRST_BUCKET_BYTES)
-    and whenever the dtype or device changes."""
-    buckets: list[list[int]] = []
+    """Parameter indices per bucket: each ``groups`` group its own buckets (one per
+    dtype and device), then the rest in ``order`` (see ``bucket_plan``)."""
+    nbytes = [p.numel() * p.element_size() for p in params]
+    kinds = [(p.dtype, p.device) for p in params]
     grouped = {i for group in groups for i in group}
-    for group in groups:
-        buckets.extend(_cut(params, list(group), 0))
-    rest = [i for i in order if i not in grouped]
-    buckets.extend(_cut(params, rest, cap, first=min(cap, FIRST_BUCKET_BYTES)))
+    buckets = [b for group in groups for b in bucket_plan(nbytes, kinds, list(group), 0)]
+    buckets += bucket_plan(nbytes, kinds, [i for i in order if i not in grouped], cap)
     return [b for b in buckets if b]
-
-
-def _cut(params: Sequence[torch.Tensor], indices: list[int], cap: int,
-         first: int = 0) -> list[list[int]]:
-    """Consecutive runs of one (dtype, device); a new bucket past ``cap`` bytes
-    (0: no cap), the first bucket of the run past ``first`` bytes."""
-    open_: dict[tuple, list[int]] = {}
-    sizes: dict[tuple, int] = {}
-    done: list[list[int]] = []
-    for i in indices:
-        p = params[i]
-        key = (p.dtype, p.device)
-        limit = first if first and not done and key not in sizes else cap
-        bucket = open_.setdefault(key, [])
-        if bucket and limit and sizes[key] + p.numel() * p.element_size() > limit:
-            done.append(bucket)
-            bucket = open_[key] = []
-            sizes[key] = 0
-        bucket.append(i)
-        sizes[key] = sizes.get(key, 0) + p.numel() * p.element_size()
-    return done + [b for b in open_.values() if b]
 
 
 class Bucket:
@@ -249,8 +225,9 @@ def build(params: list[torch.Tensor], names: dict[int, str], order: Sequence[int
     dense = set(range(len(params))) - set(sparse)
     plan = layout(params, [i for i in order if i in dense], cap,
                   [[i for i in group if i in dense] for group in groups])
-    buckets = [Bucket(i, [params[j] for j in members], [names[id(params[j])] for j in members])
-               for i, members in enumerate(plan)]
-    for bucket in buckets:
+    buckets = []
+    for i, members in enumerate(plan):   # one at a time: each frees its gradients first
+        bucket = Bucket(i, [params[j] for j in members], [names[id(params[j])] for j in members])
         bucket.adopt()
+        buckets.append(bucket)
     return Buckets(buckets, passes, compression, op, predivide, process_set)

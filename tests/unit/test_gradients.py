@@ -434,3 +434,21 @@ def test_an_error_writing_a_result_back_leaves_nothing_pending(job: _Job) -> Non
     with pytest.raises(RuntimeError, match="storage was freed"):
         reducer.wait_all(store)
     assert reducer.pending == {}
+
+
+def test_buckets_cut_at_the_cap_the_first_one_small_and_by_kind() -> None:
+    from hvdlite.api.gradients import bucket_plan
+    mib = 1 << 20
+    sizes = [mib // 2, mib // 2, mib // 2, 10 * mib, 10 * mib, 10 * mib, mib]
+    kinds = ["f32"] * len(sizes)
+    # The first bucket closes past 1 MiB; the others past the cap (25 MiB); in order.
+    assert bucket_plan(sizes, kinds, range(len(sizes)), 25 * mib) == [
+        [0, 1], [2, 3, 4], [5, 6]]
+    assert bucket_plan(sizes, kinds, [6, 5, 4, 3, 2, 1, 0], 25 * mib) == [
+        [6], [5, 4], [3, 2, 1, 0]]
+    # Each kind (dtype, device) has buckets of its own, each with its small first one.
+    mixed = ["f32", "f64"] * 3
+    assert bucket_plan([mib] * 6, mixed, range(6), 25 * mib) == [[0], [1], [2, 4], [3, 5]]
+    # No cap: one bucket per kind; a cap below the first bucket's size bounds it too.
+    assert bucket_plan(sizes, kinds, range(len(sizes)), 0) == [list(range(len(sizes)))]
+    assert bucket_plan([300, 300, 300], ["x"] * 3, range(3), 500) == [[0], [1], [2]]
