@@ -26,7 +26,7 @@ import torch
 import hvdlite as _hvd
 from hvdlite.api import report as _report
 from hvdlite.api import runtime
-from hvdlite.api.gradients import GradientReducer, Groups, plan_groups, reduces_nothing
+from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
@@ -211,9 +211,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             raise errors[0]
         self._synchronized = True
-        if buckets is None and runtime.config().bucket_bytes and not reduces_nothing(
-                self._process_set, self._settings[3]):
-            self._make_buckets()
+        if buckets is None and runtime.config().bucket_bytes and not self._reducer._alone():
+            self._make_buckets()     # (on one rank the gradients are their own mean)
 
     def _make_buckets(self) -> None:
         """After the first step's reduction: buckets in the order backward produced

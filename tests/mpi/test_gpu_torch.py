@@ -183,3 +183,32 @@ def test_optimizer_and_sync_batch_norm_on_gpu_match_one_process(gpu_path: str) -
                                      for p in distributed.parameters())).hexdigest()
     assert len(set(runtime_hvd.allgather_object(digest))) == 1
     assert np.isfinite([p.sum().item() for p in distributed.parameters()]).all()
+
+
+def test_gradient_buckets_on_gpu_are_views_reduced_in_place(gpu_path: str) -> None:
+    """From the second step each CUDA .grad is a view of a CUDA bucket, and N ranks
+    on 1/N of the batch reach one process's parameters (float64)."""
+    def make() -> "torch.nn.Module":
+        torch.manual_seed(5)
+        return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(),
+                                   torch.nn.Linear(32, 3)).double().cuda()
+    model, reference = make(), make()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    batches = [torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+               for s in range(3 * hvd.size())]
+    for step in range(3):
+        mine = batches[step * hvd.size() + hvd.rank()].cuda()
+        optimizer.zero_grad()
+        model(mine).pow(2).sum().backward()
+        optimizer.step()
+        plain.zero_grad()
+        everyone = [batches[step * hvd.size() + r].cuda() for r in range(hvd.size())]
+        (sum(reference(b).pow(2).sum() for b in everyone) / hvd.size()).backward()
+        plain.step()
+    flats = [b.flat for b in optimizer._buckets.buckets]
+    assert all(f.is_cuda for f in flats)
+    assert all(any(p.grad._base is f for f in flats) for p in model.parameters())
+    for mine_p, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine_p, want, rtol=0, atol=TOLERANCE)
