@@ -140,6 +140,11 @@ class AveragerSettings:
     def alone(self) -> bool:
         return reduces_nothing(self.process_set, self.predivide)
 
+    def outside_set(self) -> bool:
+        """This rank is not in the averager's process set: as in Horovod, its
+        gradients stay its own (the set's members reduce among themselves)."""
+        return self.process_set is not None and not self.process_set.included()
+
     def register_local(self, variable: Any) -> None:
         self.local[id(variable)] = variable
 

@@ -16,6 +16,8 @@ class TorchGradientAverager(AveragerSettings):
     """Keras' torch backend makes dense gradients (sparse_as_dense is moot)."""
 
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        if self.outside_set():
+            return list(grads)
         shared, local = self.split_local(variables)
         result = list(grads)
         for i, value in zip(shared, self._reduce_shared([grads[i] for i in shared],

@@ -41,6 +41,8 @@ class GradientAverager(AveragerSettings):
         if len(grads) != len(variables):
             raise UsageError(f"{self.what}: {len(grads)} gradients for {len(variables)} "
                              "variables")
+        if self.outside_set():
+            return grads
         shared, local = self.split_local(variables)
         reduced = self._reduce_shared([grads[i] for i in shared],
                                       [variables[i] for i in shared])

@@ -82,8 +82,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._warned_double_sync = False
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                              for p in self._params]
+        # A rank outside the process set keeps its own gradients, as Horovod's: no
+        # hooks, nothing to wait for (the set's members reduce among themselves).
+        self._outside = process_set is not None and not process_set.included()
+        self._hook_handles = [] if self._outside else [
+            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
     # -- the wrapped optimizer's data, shared rather than copied ------------------------------
     @property
@@ -180,6 +183,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _synchronize(self) -> None:
         """Every started reduction is waited for even when one fails, and the first
         error raised after: nothing is left pending (see GradientReducer.wait_all)."""
+        if self._outside:
+            self._synchronized = True
+            return
         errors: list[HvdliteError] = []
         buckets = self._buckets
         try:
@@ -301,8 +307,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._reducer.names[id(param)] = f"noname.{len(self._reducer.names)}"
                 self._params.append(param)
                 self._by_key[id(param)] = param
-                self._hook_handles.append(param.register_post_accumulate_grad_hook(
-                    self._on_grad_ready))
+                if not self._outside:
+                    self._hook_handles.append(param.register_post_accumulate_grad_hook(
+                        self._on_grad_ready))
 
 
 def _parameter_names(optimizer: torch.optim.Optimizer,

@@ -111,3 +111,17 @@ def test_tensorflow_distributed_optimizer_wraps_keras_optimizers_only() -> None:
     assert type(wrapped).__name__ == "SGD" and type(wrapped)._hvdlite.passes == 2
     with pytest.raises(TypeError, match="TF1 graph-mode optimizers"):
         hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def test_tape_on_a_process_set_leaves_non_members_their_own_gradient() -> None:
+    evens = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    try:
+        x = tf.constant(float(hvd.rank()))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        grad, = hvd.DistributedGradientTape(tape, process_set=evens).gradient(y, [x])
+        want = 2.0 * (sum(evens.ranks) / evens.size() if evens.included() else hvd.rank())
+        assert float(grad) == pytest.approx(want)
+    finally:
+        hvd.remove_process_set(evens)

@@ -274,3 +274,29 @@ def test_a_parameter_whose_shape_changed_fails_every_rank_clearly() -> None:
     with pytest.raises(hvd.HvdliteError, match=r"rank 0: .*'4\.(weight|bias)'.* bucket"):
         _loss(model, _batch(hvd.rank(), 1)).backward()
         optimizer.step()
+
+
+def test_a_process_set_reduces_among_its_members_and_others_keep_their_own() -> None:
+    """Horovod's semantics: ranks outside the optimizer's set train on their own
+    gradients; the members' buckets reduce over the set only."""
+    evens = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    try:
+        model = _model()
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            named_parameters=model.named_parameters(), process_set=evens)
+        for step in range(3):
+            optimizer.zero_grad()
+            _loss(model, _batch(hvd.rank(), step)).backward()
+            optimizer.step()
+        reference = _model()
+        plain = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+        ranks = evens.ranks if evens.included() else [hvd.rank()]
+        for step in range(3):
+            plain.zero_grad()
+            (sum(_loss(reference, _batch(r, step)) for r in ranks) / len(ranks)).backward()
+            plain.step()
+        _assert_close(model, reference)
+        assert (optimizer._buckets is not None) == (evens.included() and evens.size() > 1)
+    finally:
+        hvd.remove_process_set(evens)
