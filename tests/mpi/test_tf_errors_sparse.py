@@ -151,3 +151,13 @@ def test_eager_broadcast_global_variables_names_the_tf2_way() -> None:
     assert hvd._executing_eagerly()
     with pytest.raises(RuntimeError, match="broadcast_variables"):
         hvd.broadcast_global_variables(0)
+
+
+def test_a_mismatch_while_a_traced_function_runs_names_the_hvdlite_class() -> None:
+    """Inside a running graph TensorFlow picks the class (see hvdlite.tensorflow.errors);
+    the message still names hvdlite's error and the rank."""
+    @tf.function
+    def reduce(x):  # type: ignore[no-untyped-def]
+        return hvd.allreduce(x, name="traced.mismatch")
+    with pytest.raises(tf.errors.UnknownError, match=r"MismatchError: rank \d+: Mismatched shape"):
+        reduce(tf.ones([3 + hvd.rank()]))
