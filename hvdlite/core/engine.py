@@ -247,20 +247,10 @@ class Engine:
         """A round has been incomplete for a tick: run what otherwise runs only
         between rounds (the stall inspector), and look for a peer that is gone."""
         self._check_stalls()
-        self._tell_stuck_stalls()
+        stall.tell_stuck(self._stall_messages, self._stalls_told)
         message = self._liveness.check(started, now)
         if message is not None:
             self._lose_peers(message)
-
-    def _tell_stuck_stalls(self) -> None:
-        """A stall past HVDLITE_STALL_SHUTDOWN_TIME becomes a StallError only through
-        a full round, which cannot run while this round is stuck. Say so once; if a
-        peer is gone, the liveness check reports it."""
-        self._stalls_told &= self._stall_messages.keys()   # delivered ones may recur
-        for set_id, message in self._stall_messages.items():
-            if set_id not in self._stalls_told:
-                self._stalls_told.add(set_id)
-                _log.error("%s %s", message, stall.STUCK_ROUND_NOTE)
 
     def _lose_peers(self, message: str) -> NoReturn:
         error = PeerLostError(message)
