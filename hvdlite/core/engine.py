@@ -32,6 +32,7 @@ from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
                                    SetState, round_vector)
+from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
@@ -45,8 +46,9 @@ _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONF
 
 
 class Engine:
-    def __init__(self, config: Any, comm: MPI.Comm) -> None:
+    def __init__(self, config: Any, comm: MPI.Comm, process_sets: RequestedSets = ()) -> None:
         self.config = config
+        self._initial_sets = process_sets      # registered at setup, once every rank agrees
         self.handles = HandleTable()
         self.topology: Optional[Topology] = None
         self.timeline: Optional[Timeline] = None
@@ -80,6 +82,8 @@ class Engine:
     def start(self) -> Topology:
         self._thread.start()
         self._ready.wait()
+        if isinstance(self._setup_error, HvdliteError):
+            raise self._setup_error     # typed and worded for the user (a refused process set)
         if self._setup_error is not None:
             raise HvdliteError(f"hvdlite.init() failed: {self._setup_error!r}") from self._setup_error
         assert self.topology is not None
@@ -168,7 +172,7 @@ class Engine:
     def _setup(self) -> None:
         waiting.precise_sleeps()
         self.topology = detect(self._comm)
-        self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
+        register_agreed_sets(self.registry, self._comm, self._initial_sets)
         self._liveness = liveness.Liveness(self._comm, self.config)
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))

@@ -56,6 +56,10 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # stall held behind a stuck round, through the engine.
     "hvdlite/core/stall.py": (60, [
         ("unit", "tests/unit/test_stall.py tests/unit/test_engine.py")]),
+    # init(process_sets=...)'s agreement, pure and at engine set-up, then while running.
+    "hvdlite/core/set_agreement.py": (60, [
+        ("unit", "tests/unit/test_set_agreement.py"),
+        ("mpi2", "tests/mpi/test_init_process_sets.py")]),
     # The trace writer's thread, its file and a process that never closes it.
     "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
     "hvdlite/core/mpi_library.py": (60, [
