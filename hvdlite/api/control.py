@@ -28,8 +28,9 @@ def init(comm: Any = None, process_sets: ProcessSets = None) -> None:
     differ between ranks) raises UsageError, a ValueError, on every rank and changes
     nothing: a first call leaves hvdlite not started, a call while running registers
     none of the sets, so a corrected call works. A second call while running is
-    otherwise harmless. Settings come from HVDLITE_* variables (see hvdlite.config).
-    Collective: every rank of ``comm`` calls it.
+    otherwise harmless. Settings come from HVDLITE_* variables (see hvdlite.config);
+    MPI is initialised here if the program left it to hvdlite
+    (``mpi4py.rc.initialize = False``). Collective: every rank of ``comm`` calls it.
     """
     sets, requested = _requested(process_sets)
     if runtime.start(comm, requested):

@@ -54,7 +54,8 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
     """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``), with
     ``process_sets`` (lists of global ranks) registered from the start. False, and
     nothing done, when it already runs: a second call is harmless."""
-    from mpi4py import MPI   # here, not at import: importing it initialises MPI
+    from hvdlite.core import mpi_init
+    MPI = mpi_init.ensure_initialized()   # here, not at import (see the module's doc)
     from hvdlite.core import failure
     from hvdlite.core.engine import Engine
     from hvdlite.core.topology import check_launch

@@ -60,6 +60,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/set_agreement.py": (60, [
         ("unit", "tests/unit/test_set_agreement.py"),
         ("mpi2", "tests/mpi/test_init_process_sets.py")]),
+    # The thread level asked for; whole jobs that leave MPI to hvdlite or initialise it.
+    "hvdlite/core/mpi_init.py": (120, [
+        ("unit", "tests/unit/test_mpi_init.py tests/integration/test_mpi_init.py")]),
     # The trace writer's thread, its file and a process that never closes it.
     "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
     "hvdlite/core/mpi_library.py": (60, [
