@@ -179,8 +179,9 @@ class Engine:
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
-        if self.config.timeline and self.topology.rank == 0:
-            self.timeline = Timeline(self.config.timeline)
+        if self.config.timeline_path and self.topology.rank == 0:
+            self.timeline = Timeline(self.config.timeline_path,
+                                     mark_cycles=self.config.timeline_mark_cycles)
 
     def _open_set(self, set_id: int, comm: MPI.Comm) -> None:
         self.executor.open_set(set_id, comm)
@@ -189,6 +190,8 @@ class Engine:
 
     def _iteration(self) -> bool:
         self._wait_for_work()
+        if (timeline := self.timeline) is not None:   # one read: stop_timeline() may clear it
+            timeline.cycle_start()
         self._drain_queue()
         if self.executor.busy and self.executor.progress():
             self.handles.notify()      # finished by asynchronous backend work: before the round
@@ -316,8 +319,8 @@ class Engine:
             if request is not None:
                 agreed[response.name] = request
                 request.agreed_at = now
-                if self.timeline is not None:
-                    self.timeline.span(response.name, "negotiate", request.submitted_at, now)
+                if (timeline := self.timeline) is not None:
+                    timeline.agreed(request, now, runs=not response.error)
             if response.error:
                 if request is not None:
                     self._fail(request, error_class(response.error_kind)(
@@ -363,6 +366,8 @@ class Engine:
     def complete(self, request: Request, result: Any) -> None:
         # set.discard is atomic under the GIL; the user side only adds under its lock.
         self._in_flight[request.process_set_id].discard(request.desc.name)
+        if (timeline := self.timeline) is not None:
+            timeline.done(request, time.monotonic())
         self.handles.complete(request.handle, result)
 
     def _fail(self, request: Request, error: BaseException) -> None:
