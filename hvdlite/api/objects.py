@@ -84,6 +84,21 @@ def gloo_built() -> bool:
     return False
 
 
+def gloo_enabled() -> bool:
+    """False: hvdlite runs on MPI only, never on Gloo."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: IBM's DDL is not supported."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: hvdlite's GPU path (CuPy and NCCL) is built and tested for CUDA only."""
+    return False
+
+
 def ccl_built() -> bool:
     return False
 
