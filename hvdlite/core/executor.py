@@ -263,7 +263,7 @@ class Executor:
 
         def finish() -> None:
             timeline = self._timeline()
-            if timeline is not None:
+            if timeline is not None and backend is not None:   # a barrier is agreement only
                 self._span(timeline, [request], _activity(backend, kind.value), start)
             self._finish(request, result() if callable(result) else result)
         self._after(work, finish, request)
@@ -337,7 +337,7 @@ class Executor:
 
 def _activity(backend: Any, kind: str) -> str:
     """A backend's part of a collective on the timeline, named as Horovod's (MPI_ALLREDUCE)."""
-    return kind.upper() if backend is None else f"{backend.name}_{kind}".upper()
+    return f"{backend.name}_{kind}".upper()
 
 
 def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,

@@ -305,6 +305,20 @@ def test_the_timeline_gets_each_phase_from_agreement_on() -> None:
         assert by_name == {}
 
 
+@pytest.mark.parametrize("kind", [Kind.BARRIER, Kind.JOIN])
+def test_what_agreement_alone_completes_has_no_backend_activity(kind: Kind) -> None:
+    def steps(comm: ThreadComm) -> list:
+        timeline = _Timeline()
+        run = Executor(Config.load({}), lambda r, x: None, lambda: timeline)
+        run.open_set(SET, comm)
+        request = Request(Descriptor("x", kind), SET)
+        request.agreed_at = 5.0
+        run.run(SET, [Response(request.desc)], {"x": request})
+        return timeline.spans
+    for spans in run_ranks(2, steps):
+        assert [(name, phase, start) for name, phase, start, _ in spans] == [("x", "QUEUE", 5.0)]
+
+
 def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> None:
     """The timeline is looked up at every phase; one that appears after the first
     phase (started by the user meanwhile) still gets the op's span from agreement."""
