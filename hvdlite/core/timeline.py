@@ -14,8 +14,8 @@ traces read it:
 A writer thread appends each event just before the closing bracket, in one write,
 so the file is a valid JSON array after every write and a crash leaves a readable
 trace (a read racing with a write may see it half done). The engine only enqueues
-tuples; it never waits on the disk. Events reach the file within milliseconds of
-the engine's enqueueing them, an op's before its handle completes.
+tuples; it never waits on the disk. An op's events are queued before its handle
+completes, and reach the file within milliseconds.
 """
 from __future__ import annotations
 
