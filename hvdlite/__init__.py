@@ -10,8 +10,8 @@ from hvdlite.api.binding import OP_NAMES as _OP_NAMES, make_ops as _make_ops
 from hvdlite.api.control import add_process_set, init, remove_process_set
 from hvdlite.api.submission import GroupHandle
 from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, cuda_built,
-                                 gloo_built, mpi_built, mpi_enabled, nccl_built,
-                                 start_timeline, stop_timeline)
+                                 ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+                                 nccl_built, rocm_built, start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.report import traffic
 from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
@@ -39,7 +39,8 @@ COMMON_NAMES = (
     "cross_rank", "cross_size", "is_homogeneous", "local_device", "mpi_threads_supported",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "traffic",
-    "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "ccl_built", "cuda_built",
+    "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "gloo_enabled", "ccl_built",
+    "cuda_built", "rocm_built", "ddl_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError", "NotSupportedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",

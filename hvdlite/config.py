@@ -4,13 +4,18 @@ Every knob hvdlite reads from the environment is declared here and nowhere
 else; the README's variable table is checked against this list by a test.
 Values resolve as: explicit argument > environment > default. A misspelt
 ``HVDLITE_`` variable is reported (it would otherwise be silently ignored).
+
+A few knobs also accept Horovod's variable (``HOROVOD_TIMELINE``...), which
+Horovod scripts and job files set; the ``HVDLITE_`` one wins where both are set
+(a warning names both when they differ), since it can only have been meant for
+hvdlite while a job file may set Horovod's for every framework it runs.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from hvdlite.errors import ConfigError
 
@@ -80,14 +85,18 @@ class Option:
     parse: Callable[[str], Any]
     doc: str
 
+    aliases: tuple[str, ...] = ()   # Horovod's names for it, read when HVDLITE_* is unset
+
     @property
     def env(self) -> str:
         return "HVDLITE_" + self.field.upper()
 
 
-def _knob(default: Any, parse: Callable[[str], Any], doc: str) -> Any:
+def _knob(default: Any, parse: Callable[[str], Any], doc: str,
+          aliases: tuple[str, ...] = ()) -> Any:
     """A Config field that carries its parser and doc; the variable name is derived."""
-    return dataclasses.field(default=default, metadata={"parse": parse, "doc": doc})
+    return dataclasses.field(default=default,
+                             metadata={"parse": parse, "doc": doc, "aliases": aliases})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,9 +183,19 @@ class Config:
         "rank and hvdlite stops, instead of waiting forever.")
     timeline: str = _knob(
         "", str,
-        "Path of a Chrome-trace JSON file that rank 0 writes with negotiate, queue, "
-        "memcpy and collective spans per tensor (open in chrome://tracing or "
-        "Perfetto). Empty disables.")
+        "Path of a Chrome-trace JSON file that rank 0 writes, in the layout and with the "
+        "event names of Horovod's timeline: a row per tensor, NEGOTIATE_ALLREDUCE, "
+        "ALLREDUCE with QUEUE, MEMCPY_IN_FUSION_BUFFER, MPI_ALLREDUCE (the backend's "
+        "name), MEMCPY_OUT_FUSION_BUFFER inside (open in chrome://tracing or Perfetto). "
+        "Empty disables; DYNAMIC (Horovod's value) writes nothing until "
+        "hvd.start_timeline(path).",
+        aliases=("HOROVOD_TIMELINE",))
+    timeline_mark_cycles: bool = _knob(
+        False, parse_bool,
+        "With a timeline, mark the start of every engine cycle (a CYCLE_START event) "
+        "to see how ops fall into negotiation cycles. Busy cycles are frequent: "
+        "the trace grows fast.",
+        aliases=("HOROVOD_TIMELINE_MARK_CYCLES",))
     report: str = _knob(
         "", str,
         "Directory where rank 0 writes report.json, report.txt and report.png at "
@@ -221,17 +240,25 @@ class Config:
         "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
         "stay in memory). A preempted job always writes its last commit.")
 
+    @property
+    def timeline_path(self) -> str:
+        """The file rank 0 writes the timeline to from init() on ('' for none): the
+        path HVDLITE_TIMELINE or else HOROVOD_TIMELINE names, unless it is DYNAMIC."""
+        return "" if self.timeline == TIMELINE_DYNAMIC else self.timeline
+
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
-        """Resolve every option: explicit override > environment > default."""
+        """Resolve every option: explicit override > environment (HVDLITE_*, then
+        Horovod's alias) > default."""
         environ = os.environ if environ is None else environ
         _warn_unknown(environ)
         values: dict[str, Any] = {}
         for option in OPTIONS:
+            variable = _variable_set(option, environ)
             if overrides.get(option.field) is not None:
                 values[option.field] = _checked(option, overrides.pop(option.field))
-            elif option.env in environ:
-                values[option.field] = _parse(option, environ[option.env])
+            elif variable is not None:
+                values[option.field] = _parse(option, environ[variable], variable)
         if overrides:
             raise ConfigError(f"unknown hvdlite option(s): {', '.join(sorted(overrides))}")
         return cls(**values)
@@ -247,17 +274,32 @@ class Config:
                                             for name, value in changes.items()})
 
 
+# HVDLITE_TIMELINE / HOROVOD_TIMELINE value: hvd.start_timeline() later, no file now.
+TIMELINE_DYNAMIC = "DYNAMIC"
+
 # The table every consumer reads (the README check, the launcher, load()).
 OPTIONS: tuple[Option, ...] = tuple(
-    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"])
+    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"])
     for f in dataclasses.fields(Config))
 
 
-def _parse(option: Option, raw: str) -> Any:
+def _variable_set(option: Option, environ: Mapping[str, str]) -> Optional[str]:
+    """The variable that sets ``option``: HVDLITE_*, else the first of Horovod's names
+    set. Both set to different values: the HVDLITE_ one, with a warning."""
+    alias = next((name for name in option.aliases if name in environ), None)
+    if option.env not in environ:
+        return alias
+    if alias is not None and environ[alias] != environ[option.env]:
+        _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
+                     environ[option.env], alias, environ[alias], option.env)
+    return option.env
+
+
+def _parse(option: Option, raw: str, variable: str) -> Any:
     try:
         return option.parse(raw)
     except ValueError as exc:
-        raise ConfigError(f"{option.env}={raw!r} is invalid: {exc}. {option.doc}") from None
+        raise ConfigError(f"{variable}={raw!r} is invalid: {exc}. {option.doc}") from None
 
 
 def _checked(option: Option, value: Any) -> Any:

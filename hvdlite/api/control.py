@@ -2,27 +2,74 @@
 removing process sets, and negotiated reconfiguration."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence, Union
 
-from hvdlite.api import runtime
-from hvdlite.api.process_set import ProcessSet
+from hvdlite.api import objects, runtime
+from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.submission import Call, synchronize
+from hvdlite.core.set_agreement import RequestedSets, agree_on_sets
 from hvdlite.core.requests import Kind
 from hvdlite.errors import UsageError
 
+ProcessSets = Union[Sequence[ProcessSet], str, None]
 
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+
+def init(comm: Any = None, process_sets: ProcessSets = None) -> None:
     """Start hvdlite on every rank of ``comm`` (default: COMM_WORLD).
 
     Args:
         comm: an mpi4py communicator, or a list of COMM_WORLD ranks to run on.
-        process_sets: ProcessSets to register right away (same list on every rank).
+        process_sets: ProcessSets to register from the start (the same sets, in the
+            same order, on every rank; each gets its ``process_set_id``), or
+            ``"dynamic"`` (Horovod's spelling for "sets are added later", which
+            hvdlite always allows).
 
-    A second call while running is harmless. Settings come from HVDLITE_*
-    variables (see hvdlite.config). Collective: every rank of ``comm`` calls it.
+    A refused list (a duplicate set, one naming ranks outside the job, lists that
+    differ between ranks) raises UsageError, a ValueError, on every rank and changes
+    nothing: a first call leaves hvdlite not started, a call while running registers
+    none of the sets, so a corrected call works. A second call while running is
+    otherwise harmless. Settings come from HVDLITE_* variables (see hvdlite.config);
+    MPI is initialised here if the program left it to hvdlite
+    (``mpi4py.rc.initialize = False``). Collective: every rank of ``comm`` calls it.
     """
-    runtime.start(comm)
-    for process_set in process_sets or ():
+    sets, requested = _requested(process_sets)
+    if runtime.start(comm, requested):
+        registry = runtime.engine("hvdlite.init()").registry
+        for process_set in sets:
+            process_set.process_set_id = registry.id_of(process_set.ranks)
+    elif sets or isinstance(requested, str):
+        _add_while_running(sets, requested)
+
+
+def _requested(process_sets: ProcessSets) -> tuple[list[ProcessSet], RequestedSets]:
+    """The ProcessSets asked for and what this rank tells the others: their ranks, or
+    why its argument is unusable (then every rank raises, not only this one)."""
+    if process_sets is None or (isinstance(process_sets, str)
+                                and process_sets.lower() == "dynamic"):
+        return [], ()
+    if isinstance(process_sets, str) or not hasattr(process_sets, "__iter__"):
+        return [], (f"process_sets={process_sets!r}: expected a list of ProcessSet "
+                    "objects or 'dynamic'")
+    sets = list(process_sets)
+    for index, entry in enumerate(sets):
+        if entry is global_process_set:
+            return [], (f"entry {index} is hvd.global_process_set, which is always "
+                        "registered; leave it out")
+        if not isinstance(entry, ProcessSet):
+            return [], (f"entry {index} is a {type(entry).__name__}, not a ProcessSet "
+                        "(pass ProcessSet objects: they are what collectives take as "
+                        "process_set=)")
+    return sets, [tuple(process_set.ranks) for process_set in sets]
+
+
+def _add_while_running(sets: list[ProcessSet], requested: RequestedSets) -> None:
+    """init(process_sets=...) on a running hvdlite: register the sets once every rank
+    agreed to the same list. An add fails after that only if the engine stops, and
+    then no set is usable anyway."""
+    engine = runtime.engine("hvdlite.init()")
+    everyone = objects.allgather_object(requested, name="hvdlite.init.process_sets")
+    agree_on_sets(everyone, runtime.size(), engine.registry.registered(), runtime.rank())
+    for process_set in sets:
         add_process_set(process_set)
 
 

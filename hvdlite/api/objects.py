@@ -56,12 +56,13 @@ def allgather_object(obj: Any, name: Optional[str] = None,
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome trace on rank 0 (other ranks: no-op)."""
+    """Start writing a Chrome trace on rank 0 (other ranks: no-op), replacing the one
+    being written; ``mark_cycles`` adds a CYCLE_START event per engine cycle."""
     engine = runtime.engine("hvdlite.start_timeline()")
     if runtime.rank() == 0:
         if engine.timeline is not None:
             engine.timeline.close()
-        engine.timeline = Timeline(file_path)
+        engine.timeline = Timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:
@@ -80,6 +81,21 @@ def mpi_enabled() -> bool:
 
 
 def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: hvdlite runs on MPI only, never on Gloo."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: IBM's DDL is not supported."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: hvdlite's GPU path (CuPy and NCCL) is built and tested for CUDA only."""
     return False
 
 

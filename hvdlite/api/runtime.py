@@ -21,6 +21,7 @@ from hvdlite.errors import NotInitializedError, UsageError
 
 if TYPE_CHECKING:
     from hvdlite.core.engine import Engine
+    from hvdlite.core.set_agreement import RequestedSets
     from hvdlite.core.topology import Topology
 
 _log = logging.getLogger("hvdlite")
@@ -49,22 +50,24 @@ START_HOOKS: list[Callable[["Engine", Config], None]] = []
 STOP_HOOKS: list[Callable[[], None]] = []
 
 
-def start(comm: Any = None) -> None:
-    """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``).
-    A second call while running is harmless."""
-    from mpi4py import MPI   # here, not at import: importing it initialises MPI
+def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
+    """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``), with
+    ``process_sets`` (lists of global ranks) registered from the start. False, and
+    nothing done, when it already runs: a second call is harmless."""
+    from hvdlite.core import mpi_init
+    MPI = mpi_init.ensure_initialized()   # here, not at import (see the module's doc)
     from hvdlite.core import failure
     from hvdlite.core.engine import Engine
     from hvdlite.core.topology import check_launch
     with RUNTIME.lock:
         if RUNTIME.engine is not None:
             if RUNTIME.engine.dead is None:
-                return
+                return False
             RUNTIME.engine.shutdown()
         config = Config.load()
         _configure_logging(config, MPI.COMM_WORLD.Get_rank())
         check_launch(MPI.COMM_WORLD.Get_size())
-        engine = Engine(config, _resolve_comm(MPI, comm))
+        engine = Engine(config, _resolve_comm(MPI, comm), process_sets)
         topology = engine.start()
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
         RUNTIME.name_counters.clear()
@@ -76,6 +79,7 @@ def start(comm: Any = None) -> None:
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
+    return True
 
 
 def _resolve_comm(MPI: Any, comm: Union[Any, Sequence[int], None]) -> Any:

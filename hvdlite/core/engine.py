@@ -32,6 +32,7 @@ from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
                                    SetState, round_vector)
+from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
@@ -45,8 +46,9 @@ _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONF
 
 
 class Engine:
-    def __init__(self, config: Any, comm: MPI.Comm) -> None:
+    def __init__(self, config: Any, comm: MPI.Comm, process_sets: RequestedSets = ()) -> None:
         self.config = config
+        self._initial_sets = process_sets      # registered at setup, once every rank agrees
         self.handles = HandleTable()
         self.topology: Optional[Topology] = None
         self.timeline: Optional[Timeline] = None
@@ -80,6 +82,8 @@ class Engine:
     def start(self) -> Topology:
         self._thread.start()
         self._ready.wait()
+        if isinstance(self._setup_error, HvdliteError):
+            raise self._setup_error     # typed and worded for the user (a refused process set)
         if self._setup_error is not None:
             raise HvdliteError(f"hvdlite.init() failed: {self._setup_error!r}") from self._setup_error
         assert self.topology is not None
@@ -168,15 +172,16 @@ class Engine:
     def _setup(self) -> None:
         waiting.precise_sleeps()
         self.topology = detect(self._comm)
-        self.registry.add(tuple(range(self._comm.Get_size())), self._comm)
+        register_agreed_sets(self.registry, self._comm, self._initial_sets)
         self._liveness = liveness.Liveness(self._comm, self.config)
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
-        if self.config.timeline and self.topology.rank == 0:
-            self.timeline = Timeline(self.config.timeline)
+        if self.config.timeline_path and self.topology.rank == 0:
+            self.timeline = Timeline(self.config.timeline_path,
+                                     mark_cycles=self.config.timeline_mark_cycles)
 
     def _open_set(self, set_id: int, comm: MPI.Comm) -> None:
         self.executor.open_set(set_id, comm)
@@ -185,6 +190,8 @@ class Engine:
 
     def _iteration(self) -> bool:
         self._wait_for_work()
+        if (timeline := self.timeline) is not None:   # one read: stop_timeline() may clear it
+            timeline.cycle_start()
         self._drain_queue()
         if self.executor.busy and self.executor.progress():
             self.handles.notify()      # finished by asynchronous backend work: before the round
@@ -247,20 +254,10 @@ class Engine:
         """A round has been incomplete for a tick: run what otherwise runs only
         between rounds (the stall inspector), and look for a peer that is gone."""
         self._check_stalls()
-        self._tell_stuck_stalls()
+        stall.tell_stuck(self._stall_messages, self._stalls_told)
         message = self._liveness.check(started, now)
         if message is not None:
             self._lose_peers(message)
-
-    def _tell_stuck_stalls(self) -> None:
-        """A stall past HVDLITE_STALL_SHUTDOWN_TIME becomes a StallError only through
-        a full round, which cannot run while this round is stuck. Say so once; if a
-        peer is gone, the liveness check reports it."""
-        self._stalls_told &= self._stall_messages.keys()   # delivered ones may recur
-        for set_id, message in self._stall_messages.items():
-            if set_id not in self._stalls_told:
-                self._stalls_told.add(set_id)
-                _log.error("%s %s", message, stall.STUCK_ROUND_NOTE)
 
     def _lose_peers(self, message: str) -> NoReturn:
         error = PeerLostError(message)
@@ -322,8 +319,8 @@ class Engine:
             if request is not None:
                 agreed[response.name] = request
                 request.agreed_at = now
-                if self.timeline is not None:
-                    self.timeline.span(response.name, "negotiate", request.submitted_at, now)
+                if (timeline := self.timeline) is not None:
+                    timeline.agreed(request, now, runs=not response.error)
             if response.error:
                 if request is not None:
                     self._fail(request, error_class(response.error_kind)(
@@ -369,6 +366,8 @@ class Engine:
     def complete(self, request: Request, result: Any) -> None:
         # set.discard is atomic under the GIL; the user side only adds under its lock.
         self._in_flight[request.process_set_id].discard(request.desc.name)
+        if (timeline := self.timeline) is not None:
+            timeline.done(request, time.monotonic())
         self.handles.complete(request.handle, result)
 
     def _fail(self, request: Request, error: BaseException) -> None:

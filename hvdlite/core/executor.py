@@ -27,6 +27,7 @@ from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 from hvdlite.reduce_op import OPS_BY_VALUE
 
 Complete = Callable[[Request, Any], None]
+Started = tuple[Work, Any, Any]   # a collective's work, its result, its backend (or None)
 _PLAN_MEMO_SIZE = 64   # distinct agreed sets seen in steady state are few
 
 
@@ -160,7 +161,7 @@ class Executor:
         now = time.monotonic()
         for request in requests:
             if request is not None:
-                timeline.span(request.desc.name, phase, start or request.agreed_at, now)
+                timeline.span(request, phase, start or request.agreed_at, now)
         return now
 
     def _fusion_view(self, device: str, dtype: np.dtype, count: int) -> Any:
@@ -186,7 +187,7 @@ class Executor:
         size = self._geometry[set_id][1]
         postscale = Scale(first.desc.postscale, size if op is ReduceOp.AVERAGE else 1)
         timeline = self._timeline()
-        start = 0.0 if timeline is None else self._span(timeline, requests, "queue", 0.0)
+        start = 0.0 if timeline is None else self._span(timeline, requests, "QUEUE", 0.0)
         self.reductions.add(len(group), sum(r.count for r in group) * wide.itemsize)
         if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
                                                  postscale):
@@ -205,7 +206,7 @@ class Executor:
             source = None
         timeline = self._timeline()     # looked up per phase: the user may start one
         if timeline is not None:
-            start = self._span(timeline, requests, "memcpy_in", start)
+            start = self._span(timeline, requests, "MEMCPY_IN_FUSION_BUFFER", start)
         if source is None:
             work = backend.allreduce(set_id, buf, op)
         else:
@@ -216,13 +217,13 @@ class Executor:
         def finish() -> None:
             timeline = self._timeline()
             if timeline is not None:
-                begin = self._span(timeline, requests, "allreduce", start)
+                begin = self._span(timeline, requests, _activity(backend, "allreduce"), start)
             if direct is None:
                 _unpack(xp, requests, counts, buf, postscale)
             elif postscale.needed:
                 postscale.apply(xp, buf)
             if timeline is not None:
-                self._span(timeline, requests, "memcpy_out", begin)
+                self._span(timeline, requests, "MEMCPY_OUT_FUSION_BUFFER", begin)
             self._finish_all(requests, [None if r is None else r.output for r in requests])
         self._after(work, finish, requests)
 
@@ -258,36 +259,35 @@ class Executor:
     def _run_one(self, set_id: int, response: Response, request: Optional[Request]) -> None:
         kind = response.desc.kind
         timeline = self._timeline()
-        start = 0.0 if timeline is None else self._span(timeline, [request], "queue", 0.0)
+        start = 0.0 if timeline is None else self._span(timeline, [request], "QUEUE", 0.0)
         if request is not None and request.desc.device != "cpu":
             described(request.desc.device).prepare(request.desc.device, ready_events([request]))
-        work, result = self._collective(set_id, response, request)
+        work, result, backend = self._collective(set_id, response, request)
 
         def finish() -> None:
             timeline = self._timeline()
-            if timeline is not None:
-                self._span(timeline, [request], kind.value, start)
+            if timeline is not None and backend is not None:   # a barrier is agreement only
+                self._span(timeline, [request], _activity(backend, kind.value), start)
             self._finish(request, result() if callable(result) else result)
         self._after(work, finish, request)
 
-    def _collective(self, set_id: int, response: Response,
-                    request: Optional[Request]) -> tuple[Work, Any]:
+    def _collective(self, set_id: int, response: Response, request: Optional[Request]) -> Started:
         kind = response.desc.kind
         if kind is Kind.ALLGATHER:
             return self._allgather(set_id, response, request)
         if kind is Kind.BROADCAST:
             buf = _bytes(request.output)
             backend = self.chain.pick("broadcast", buf.dtype, request.desc.device, buf.nbytes)
-            return backend.broadcast(set_id, buf, response.desc.root), request.output
+            return backend.broadcast(set_id, buf, response.desc.root), request.output, backend
         if kind is Kind.ALLTOALL:
             return self._alltoall(set_id, response, request)
         if kind is Kind.REDUCESCATTER:
             return self._reducescatter(set_id, response, request)
         if kind is Kind.JOIN:
-            return DONE, response.result
-        return DONE, None   # BARRIER: agreement itself proves every rank arrived
+            return DONE, response.result, None
+        return DONE, None, None   # BARRIER: agreement itself proves every rank arrived
 
-    def _reducescatter(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
+    def _reducescatter(self, set_id: int, response: Response, request: Request) -> Started:
         desc = response.desc
         rank, size = self._geometry[set_id]
         rows = desc.shape[0] if desc.shape else 1
@@ -309,9 +309,9 @@ class Executor:
         def result() -> Any:
             Scale(desc.postscale, size if op is ReduceOp.AVERAGE else 1).apply(xp, out)
             return out.astype(dtype, copy=False).reshape((my_rows[rank],) + desc.shape[1:])
-        return work, result
+        return work, result, backend
 
-    def _allgather(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
+    def _allgather(self, set_id: int, response: Response, request: Request) -> Started:
         desc = request.desc
         dtype = to_dtype(desc.dtype)
         row_bytes = int(np.prod(desc.shape[1:], dtype=np.int64)) * dtype.itemsize
@@ -320,9 +320,9 @@ class Executor:
         out = xp.empty((sum(response.first_dims),) + desc.shape[1:], dtype=dtype)
         send, recv = _bytes(request.array), _bytes(out)
         backend = self.chain.pick("allgather", recv.dtype, desc.device, recv.nbytes)
-        return backend.allgather(set_id, send, recv, counts), out
+        return backend.allgather(set_id, send, recv, counts), out, backend
 
-    def _alltoall(self, set_id: int, response: Response, request: Request) -> tuple[Work, Any]:
+    def _alltoall(self, set_id: int, response: Response, request: Request) -> Started:
         desc = request.desc
         rank = self._geometry[set_id][0]
         dtype = to_dtype(desc.dtype)
@@ -335,7 +335,12 @@ class Executor:
         backend = self.chain.pick("alltoall", recv.dtype, desc.device, recv.nbytes)
         work = backend.alltoall(set_id, send, [r * row_bytes for r in send_rows],
                                 recv, [r * row_bytes for r in recv_rows])
-        return work, (out, np.asarray(recv_rows, dtype=np.int32))
+        return work, (out, np.asarray(recv_rows, dtype=np.int32)), backend
+
+
+def _activity(backend: Any, kind: str) -> str:
+    """A backend's part of a collective on the timeline, named as Horovod's (MPI_ALLREDUCE)."""
+    return f"{backend.name}_{kind}".upper()
 
 
 def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,

@@ -97,6 +97,10 @@ class ProcessSetRegistry:
         wanted = tuple(ranks)
         return next((i for i, r in self._ranks.items() if r == wanted), None)
 
+    def registered(self) -> dict[int, tuple[int, ...]]:
+        """Every registered set's ranks, by id."""
+        return dict(self._ranks)
+
     def member(self, set_id: int) -> Optional[SetState]:
         return self._members.get(set_id)
 

@@ -14,6 +14,18 @@ STUCK_ROUND_NOTE = ("The StallError waits for the current negotiation round, whi
                     "reported as PeerLostError (see HVDLITE_PEER_TIMEOUT).")
 
 
+def tell_stuck(held: dict[int, str], told: set[int]) -> None:
+    """While a negotiation round is stuck: a stall past HVDLITE_STALL_SHUTDOWN_TIME
+    (``held``, by set) becomes a StallError only through a full round, which cannot
+    run until this round completes. Say so once per set (``told``, updated); if a
+    peer is gone, the liveness check reports it."""
+    told.intersection_update(held.keys())   # delivered ones may recur
+    for set_id, message in held.items():
+        if set_id not in told:
+            told.add(set_id)
+            _log.error("%s %s", message, STUCK_ROUND_NOTE)
+
+
 def _limits(config: Any) -> list[float]:
     """The stall thresholds in force (a value of 0 turns its check off)."""
     return [t for t in (config.stall_check_time, config.stall_shutdown_time) if t > 0]

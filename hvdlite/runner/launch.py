@@ -24,6 +24,7 @@ _KNOBS = {
     "fusion_threshold_mb": ("HVDLITE_FUSION_THRESHOLD", lambda v: f"{v}MiB"),
     "cycle_time_ms": ("HVDLITE_CYCLE_TIME", str),
     "timeline_filename": ("HVDLITE_TIMELINE", str),
+    "timeline_mark_cycles": ("HVDLITE_TIMELINE_MARK_CYCLES", lambda v: "1"),
     "stall_check_seconds": ("HVDLITE_STALL_CHECK_TIME", str),
     "stall_shutdown_seconds": ("HVDLITE_STALL_SHUTDOWN_TIME", str),
     "allreduce": ("HVDLITE_ALLREDUCE", str),
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion-threshold-mb", type=float)
     p.add_argument("--cycle-time-ms", type=float)
     p.add_argument("--timeline-filename")
+    p.add_argument("--timeline-mark-cycles", action="store_const", const=True,
+                   help="mark each engine cycle (CYCLE_START) on the timeline")
     p.add_argument("--stall-check-seconds", type=float)
     p.add_argument("--stall-shutdown-seconds", type=float)
     p.add_argument("--allreduce", choices=["auto", "mpi", "ring", "ps"])

@@ -56,12 +56,19 @@ def test_collectives_after_a_peer_shutdown_fail_clearly(np: int) -> None:
         assert f"SHUTDOWN_ERROR rank {rank}: hvdlite was shut down on rank(s) [0]" in output
 
 
-def test_timeline_from_environment(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prefix", ["HVDLITE", "HOROVOD"])
+def test_timeline_from_environment(tmp_path: Path, prefix: str) -> None:
+    """hvdlite's variables or Horovod's, which Horovod's job files set; Horovod's names."""
     path = tmp_path / "trace.json"
-    proc, _ = run_job("timeline_env", 2, {"HVDLITE_TIMELINE": str(path)})
+    proc, _ = run_job("timeline_env", 2, {f"{prefix}_TIMELINE": str(path),
+                                          f"{prefix}_TIMELINE_MARK_CYCLES": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    phases = {e["name"] for e in json.loads(path.read_text()) if e.get("ph") == "X"}
-    assert {"negotiate", "allreduce", "memcpy_in", "memcpy_out"} <= phases
+    events = json.loads(path.read_text())
+    names = {e.get("name") for e in events} | {
+        e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"allreduce.env.timeline", "NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE",
+            "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER",
+            "CYCLE_START"} <= names, sorted(names)
 
 
 def test_numpy_demo_trains_identically_on_all_ranks() -> None:

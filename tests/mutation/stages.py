@@ -52,8 +52,17 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
-    # rank 0's stall checks over the real coordinator, with a fake clock.
-    "hvdlite/core/stall.py": (60, [("unit", "tests/unit/test_stall.py")]),
+    # rank 0's stall checks over the real coordinator, with a fake clock; the note for a
+    # stall held behind a stuck round, through the engine.
+    "hvdlite/core/stall.py": (60, [
+        ("unit", "tests/unit/test_stall.py tests/unit/test_engine.py")]),
+    # init(process_sets=...)'s agreement, pure and at engine set-up, then while running.
+    "hvdlite/core/set_agreement.py": (60, [
+        ("unit", "tests/unit/test_set_agreement.py"),
+        ("mpi2", "tests/mpi/test_init_process_sets.py")]),
+    # The thread level asked for; whole jobs that leave MPI to hvdlite or initialise it.
+    "hvdlite/core/mpi_init.py": (120, [
+        ("unit", "tests/unit/test_mpi_init.py tests/integration/test_mpi_init.py")]),
     # The trace writer's thread, its file and a process that never closes it.
     "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
     "hvdlite/core/mpi_library.py": (60, [

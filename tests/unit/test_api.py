@@ -10,6 +10,7 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.config import OPTIONS, Config
+from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.core.timeline import Timeline
 from hvdlite.errors import ConfigError, HvdliteError, NotInitializedError
 
@@ -88,16 +89,18 @@ def test_unknown_variable_is_reported(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_readme_documents_every_variable() -> None:
     text = README.read_text()
-    documented = set(re.findall(r"`(HVDLITE_[A-Z_]+)`", text))
+    documented = set(re.findall(r"`((?:HVDLITE|HOROVOD)_[A-Z_]+)`", text))
     assert {option.env for option in OPTIONS} <= documented
+    assert {alias for option in OPTIONS for alias in option.aliases} <= documented
 
 
 def test_timeline_is_valid_json_after_every_event(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     timeline = Timeline(str(path))
     assert json.loads(path.read_text())[0]["ph"] == "M"
-    timeline.span("grad", "allreduce", 1.0, 1.5)
+    timeline.span(Request(Descriptor("grad", Kind.ALLREDUCE), 0), "MPI_ALLREDUCE", 1.0, 1.5)
     timeline.close()
     events = json.loads(path.read_text())
     spans = [e for e in events if e["ph"] == "X"]
-    assert spans[0]["name"] == "allreduce" and spans[0]["args"]["tensor"] == "grad"
+    rows = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert spans[0]["name"] == "MPI_ALLREDUCE" and rows[spans[0]["pid"]] == "allreduce.grad"

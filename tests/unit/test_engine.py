@@ -184,7 +184,23 @@ def test_rank_0_writes_the_timeline(tmp_path: Any) -> None:
     engine.shutdown()
     assert engine.timeline is None                # closed
     events = json.loads(path.read_text())
-    assert {"negotiate"} <= {e["name"] for e in events if e.get("args", {}).get("tensor") == "a"}
+    rows = {e["args"]["name"]: e["pid"] for e in events if e.get("name") == "process_name"}
+    ours = [(e["ph"], e.get("name")) for e in events
+            if e["pid"] == rows["allreduce.a"] and e["ph"] != "M"]
+    assert ours == [("X", "NEGOTIATE_ALLREDUCE"), ("B", "ALLREDUCE"), ("X", "QUEUE"),
+                    ("X", "MEMCPY_IN_FUSION_BUFFER"), ("X", "MPI_ALLREDUCE"),
+                    ("X", "MEMCPY_OUT_FUSION_BUFFER"), ("E", None)]
+    assert "CYCLE_START" not in {e.get("name") for e in events}     # not asked for
+
+
+def test_a_timeline_marking_cycles_marks_each_iteration(tmp_path: Any) -> None:
+    path = tmp_path / "timeline.json"
+    engine = set_up(timeline=str(path), timeline_mark_cycles=True)
+    for _ in range(3):
+        assert engine._iteration()
+    engine.shutdown()
+    events = json.loads(path.read_text())
+    assert [e["ph"] for e in events if e.get("name") == "CYCLE_START"] == ["i"] * 3
 
 
 def test_other_ranks_write_no_timeline(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

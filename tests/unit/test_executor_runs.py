@@ -271,8 +271,8 @@ class _Timeline:
     def __init__(self) -> None:
         self.spans: list[tuple[str, str, float, float]] = []
 
-    def span(self, name: str, phase: str, start: float, end: float) -> None:
-        self.spans.append((name, phase, start, end))
+    def span(self, request: Request, phase: str, start: float, end: float) -> None:
+        self.spans.append((request.desc.name, phase, start, end))
 
 
 def test_the_timeline_gets_each_phase_from_agreement_on() -> None:
@@ -294,14 +294,29 @@ def test_the_timeline_gets_each_phase_from_agreement_on() -> None:
             by_name.setdefault(name, []).append((phase, start, end))
         for name in ("a", "b", "big"):
             phases = by_name.pop(name)
-            assert [p for p, _, _ in phases] == ["queue", "memcpy_in", "allreduce", "memcpy_out"]
+            assert [p for p, _, _ in phases] == ["QUEUE", "MEMCPY_IN_FUSION_BUFFER",
+                                                 "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
             assert phases[0][1] == 5.0
             # each phase starts where the one before ended
             assert all(phases[i][2] == phases[i + 1][1] for i in range(3))
             assert all(start <= end for _, start, end in phases)
         ((phase, start, end), (kind, begin, _)) = by_name.pop("g")
-        assert (phase, start, kind, begin) == ("queue", 5.0, "allgather", end)
+        assert (phase, start, kind, begin) == ("QUEUE", 5.0, "MPI_ALLGATHER", end)
         assert by_name == {}
+
+
+@pytest.mark.parametrize("kind", [Kind.BARRIER, Kind.JOIN])
+def test_what_agreement_alone_completes_has_no_backend_activity(kind: Kind) -> None:
+    def steps(comm: ThreadComm) -> list:
+        timeline = _Timeline()
+        run = Executor(Config.load({}), lambda r, x: None, lambda: timeline)
+        run.open_set(SET, comm)
+        request = Request(Descriptor("x", kind), SET)
+        request.agreed_at = 5.0
+        run.run(SET, [Response(request.desc)], {"x": request})
+        return timeline.spans
+    for spans in run_ranks(2, steps):
+        assert [(name, phase, start) for name, phase, start, _ in spans] == [("x", "QUEUE", 5.0)]
 
 
 def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> None:
@@ -321,8 +336,10 @@ def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> 
         run.run(SET, [Response(request.desc)], {"late": request})
         return timeline.spans
     (spans,) = run_ranks(1, steps)
-    assert [(phase, start) for _, phase, start, _ in spans][:1] == [("memcpy_in", 5.0)]
-    assert [phase for _, phase, _, _ in spans] == ["memcpy_in", "allreduce", "memcpy_out"]
+    assert [(phase, start) for _, phase, start, _ in spans][:1] == [
+        ("MEMCPY_IN_FUSION_BUFFER", 5.0)]
+    assert [phase for _, phase, _, _ in spans] == ["MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE",
+                                                   "MEMCPY_OUT_FUSION_BUFFER"]
 
 
 # --- what only a device's namespace sees ----------------------------------------------------

@@ -28,12 +28,12 @@ def test_flavor_is_detected_from_the_launcher(tmp_path: Path) -> None:
 def test_command_for_mpich_passes_knobs_and_hosts(tmp_path: Path) -> None:
     args = launch.parser().parse_args([
         "-np", "4", "-H", "a:2,b:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "0.5",
-        "--timeline-filename", "/tmp/t.json", "--stall-check-seconds", "30",
+        "--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles", "--stall-check-seconds", "30",
         "--mpiexec", _fake_launcher(tmp_path, "HYDRA Version: 4"), "python", "train.py", "--lr", "1"])
     command = launch.build_command(args)
     assert command[1:3] == ["-n", "4"] and command[3:5] == ["-hosts", "a:2,b:2"]
     for name, value in [("HVDLITE_FUSION_THRESHOLD", "32.0MiB"), ("HVDLITE_CYCLE_TIME", "0.5"), ("HVDLITE_TIMELINE", "/tmp/t.json"),
-                        ("HVDLITE_STALL_CHECK_TIME", "30.0")]:
+                        ("HVDLITE_TIMELINE_MARK_CYCLES", "1"), ("HVDLITE_STALL_CHECK_TIME", "30.0")]:
         index = command.index(name)
         assert command[index - 1] == "-genv" and command[index + 1] == value
     assert command[-4:] == ["python", "train.py", "--lr", "1"]
