@@ -56,12 +56,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 f"TensorFlow variable; got {type(var).__name__}")
         self._local[id(var)] = var
 
-    def _pending(self, include_optimizer: bool) -> list:
-        model = self.model
-        variables = [v for v in model.variables if id(v) not in self._local]
-        optimizer = getattr(model, "optimizer", None)
-        if include_optimizer and optimizer is not None and optimizer.built:
-            variables += [v for v in optimizer.variables if id(v) not in self._local]
+    def _shared(self, variables: Any) -> list:
+        return [v for v in variables if id(v) not in self._local]
+
+    def _unsent(self) -> list:
+        """The model's and the (built) optimizer's shared variables not broadcast yet."""
+        optimizer = getattr(self.model, "optimizer", None)
+        built = optimizer is not None and optimizer.built
+        variables = self._shared(self.model.variables) + (
+            self._shared(optimizer.variables) if built else [])
         return [v for v in variables if id(v) not in self._sent]
 
     def _broadcast(self, variables: list) -> None:
@@ -69,20 +72,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._sent.update(id(v) for v in variables)
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        if self.broadcast_done:
-            return
-        self._broadcast(self._pending(include_optimizer=True))
+        if not self.broadcast_done:
+            self._broadcast(self._unsent())
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self.broadcast_done:
             return
         self.broadcast_done = True
-        late_model_variables = [v for v in self.model.variables
-                                if id(v) not in self._sent and id(v) not in self._local]
-        if late_model_variables:
+        if any(id(v) not in self._sent for v in self._shared(self.model.variables)):
             # Built during the first step from each rank's own initial values: the
             # step's update and the optimizer state it made differ too.
-            self._broadcast(self._pending(include_optimizer=True))
+            self._broadcast(self._unsent())
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -55,19 +55,22 @@ def layout(params: Sequence[torch.Tensor], order: Sequence[int], cap: int,
 class Bucket:
     """One flat buffer, the parameters viewing into it, and its reduction."""
 
-    def __init__(self, index: int, params: list[torch.Tensor], names: list[str]) -> None:
+    def __init__(self, index: int, params: list[torch.Tensor], names: list[str],
+                 shapes: list[torch.Size]) -> None:
+        """``shapes``: the parameters' shapes when the layout was agreed (a parameter
+        replaced since then no longer fits, and ready() says so)."""
         self.index, self.params, self.names = index, params, names
         # Named by its parameters, which are named the same on every rank and differ
         # between two optimizers (a GAN's two): the engine caches it under this name.
         self.name = f"DistributedOptimizer.bucket.{index}.{names[0]}..{names[-1]}"
         first = params[0]
-        total = sum(p.numel() for p in params)
+        total = sum(shape.numel() for shape in shapes)
         self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
         self.views: list[torch.Tensor] = []
         offset = 0
-        for p in params:
-            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for shape in shapes:
+            self.views.append(self.flat[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
         self.waiting = len(params)     # gradients not ready yet this step
         self.handle: Any = None
         self.wire: Any = None          # the compressed copy on the wire, and its context
@@ -77,9 +80,12 @@ class Bucket:
         """Copy each parameter's current gradient into the bucket and point ``.grad``
         at its view (once, when the buckets are made)."""
         for p, view in zip(self.params, self.views):
-            if p.grad is not None:
+            if p.grad is None:
+                p.grad = view
+            elif p.grad.shape == view.shape and p.grad.dtype == view.dtype:
                 view.copy_(p.grad)
-            p.grad = view
+                p.grad = view
+            # (else the parameter changed since step 1: ready() fails it, naming it)
 
 
 class Buckets:
@@ -213,21 +219,31 @@ def _restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
     param.grad = view
 
 
-def build(params: list[torch.Tensor], names: dict[int, str], order: Sequence[int],
-          sparse: Sequence[int], cap: int, groups: Sequence[Sequence[int]], passes: int,
-          compression: type[Compressor], op: int, predivide: float,
-          process_set: Optional[ProcessSet], agree: Callable[[Any], Any]) -> Buckets:
-    """Lay out the buckets from rank 0's ``order`` and sparse parameters (``agree``
-    broadcasts them) and adopt the current gradients. The first step already
-    negotiated every parameter by name, shape and dtype: ranks that got here
-    train the same parameters, so only the order needs agreeing."""
+def agree_layout(params: list[torch.Tensor], order: Sequence[int], sparse: Sequence[int],
+                 cap: int, groups: Sequence[Sequence[int]],
+                 agree: Callable[[Any], Any]) -> list[list[int]]:
+    """The buckets, as parameter positions, from rank 0's ``order`` and sparse
+    parameters (``agree`` broadcasts them). The first step already negotiated every
+    parameter by name, shape and dtype: ranks that got here train the same
+    parameters, so only the order needs agreeing."""
     order, sparse = agree((list(order), sorted(sparse)))
     dense = set(range(len(params))) - set(sparse)
-    plan = layout(params, [i for i in order if i in dense], cap,
+    return layout(params, [i for i in order if i in dense], cap,
                   [[i for i in group if i in dense] for group in groups])
+
+
+def build(params: list[torch.Tensor], names: dict[int, str], plan: list[list[int]],
+          shapes: list[torch.Size], adopt: bool, passes: int, compression: type[Compressor],
+          op: int, predivide: float, process_set: Optional[ProcessSet]) -> Buckets:
+    """Allocate the buckets of ``plan``. With ``adopt``, each parameter's current
+    gradient is copied in and ``.grad`` becomes its view, one bucket at a time (each
+    frees its gradients before the next is allocated); else ``.grad`` stays as it is
+    (None after zero_grad) and becomes the view when its hook fires."""
     buckets = []
-    for i, members in enumerate(plan):   # one at a time: each frees its gradients first
-        bucket = Bucket(i, [params[j] for j in members], [names[id(params[j])] for j in members])
-        bucket.adopt()
+    for i, members in enumerate(plan):
+        bucket = Bucket(i, [params[j] for j in members], [names[id(params[j])] for j in members],
+                        [shapes[j] for j in members])
+        if adopt:
+            bucket.adopt()
         buckets.append(bucket)
     return Buckets(buckets, passes, compression, op, predivide, process_set)

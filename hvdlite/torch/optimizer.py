@@ -77,6 +77,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Gradient buckets, made after the first step (see buckets.py); until then the
         # order backward produces gradients in, and the parameters with sparse ones.
         self._buckets: Optional[_buckets.Buckets] = None
+        # Agreed but not allocated yet: the buckets, and the parameters' shapes then.
+        self._layout: Optional[tuple[list[list[int]], list[torch.Size]]] = None
         self._ready_order: dict[int, None] = {}
         self._sparse_ids: set[int] = set()
         self._synchronized = False
@@ -128,6 +130,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient reduction --------------------------------------------------------------------
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if self._layout is not None:
+            self._allocate_buckets(adopt=True)
         buckets = self._buckets
         if buckets is not None and id(param) in buckets.of:
             buckets.ready(param)
@@ -186,6 +190,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._outside:
             self._synchronized = True
             return
+        if self._layout is not None:
+            self._allocate_buckets(adopt=True)
         errors: list[HvdliteError] = []
         buckets = self._buckets
         try:
@@ -217,12 +223,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             raise errors[0]
         self._synchronized = True
-        if buckets is None and runtime.config().bucket_bytes and not self._reducer._alone():
-            self._make_buckets()     # (on one rank the gradients are their own mean)
+        if (buckets is None and self._layout is None and runtime.config().bucket_bytes
+                and not self._reducer._alone()):   # (on one rank a gradient is its own mean)
+            self._agree_on_buckets()
 
-    def _make_buckets(self) -> None:
+    def _agree_on_buckets(self) -> None:
         """After the first step's reduction: buckets in the order backward produced
-        the gradients, parameters with no gradient after them (rank 0's, for all)."""
+        the gradients, parameters with no gradient after them (rank 0's, for all).
+        They are allocated once this step's gradients are let go of (zero_grad), or
+        when the next backward begins, so the two never take memory at once."""
         params = self._params
         index = {id(p): i for i, p in enumerate(params)}
         order = [index[k] for k in self._ready_order if k in index]
@@ -230,14 +239,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         order += [i for i in reversed(range(len(params))) if i not in seen]
         sparse = [index[k] for k in self._sparse_ids if k in index]
         groups = [[index[k] for k in members if k in index] for members in self._groups[1]]
-        passes, compression, op, predivide = self._settings
         root = 0 if self._process_set is None else self._process_set.ranks[0]
-        self._buckets = _buckets.build(
-            params, self._reducer.names, order, sparse, runtime.config().bucket_bytes, groups,
-            passes, compression, op, predivide, self._process_set,
+        plan = _buckets.agree_layout(
+            params, order, sparse, runtime.config().bucket_bytes, groups,
             lambda mine: _hvd.broadcast_object(mine, root, "DistributedOptimizer.buckets",
                                                self._process_set))
+        self._layout = (plan, [p.shape for p in params])
         self._ready_order.clear()
+
+    def _allocate_buckets(self, adopt: bool) -> None:
+        passes, compression, op, predivide = self._settings
+        assert self._layout is not None
+        plan, shapes = self._layout
+        self._buckets = _buckets.build(self._params, self._reducer.names, plan, shapes, adopt,
+                                       passes, compression, op, predivide, self._process_set)
+        self._layout = None
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -293,6 +309,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "backward() or after step().")
         if buckets is None or set_to_none:
             self._optimizer.zero_grad(set_to_none=set_to_none)
+            if self._layout is not None:    # the gradients are gone (or zeros): make room
+                self._allocate_buckets(adopt=not set_to_none)
             return
         buckets.zero()
         for group in self._optimizer.param_groups:
