@@ -1,7 +1,8 @@
 """Training throughput: hvdlite's DistributedOptimizer (gradient buckets, and the
 per-gradient path for comparison) against torch DDP over gloo (with
 ``gradient_as_bucket_view=True``) and a hand-fused mpi4py loop (backward, one flat
-Allreduce, step), in one run.
+Allreduce, step), in one run; and the same loop with no exchange at all ("no_comm"):
+on a machine whose ranks fill every core, that ceiling bounds what any method can reach.
 
     python -m hvdlite.bench training          # runs np=1 and np=2 itself, prints the table
 
@@ -20,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from hvdlite.bench import launches
 from hvdlite.bench.gloo import gloo_group
@@ -31,8 +31,10 @@ from hvdlite.bench.models import BATCH, MODELS, build, loss
 from hvdlite.bench.threads import ThreadClock, peak_rss_mib
 from hvdlite.bench.timing import seconds_per_call
 
-METHODS = ("hvdlite", "hvdlite_per_grad", "ddp_gloo", "hand_fused")
-WORKERS = ("hvdlite", "ddp_gloo", "hand_fused")   # hvdlite_per_grad: hvdlite, buckets off
+METHODS = ("hvdlite", "hvdlite_per_grad", "ddp_gloo", "hand_fused", "no_comm")
+# hvdlite_per_grad: hvdlite with buckets off. no_comm: the same loop with no gradient
+# exchange at all (each rank trains alone): the ceiling that no method can pass here.
+WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "no_comm")
 WARMUP = 5
 
 
@@ -101,6 +103,13 @@ def _run_hand_fused(name: str, measured: Measured, seconds: float) -> float:
     return measured.timed(_loop(name, model, optimizer, data, fused_allreduce), seconds)
 
 
+def _run_no_comm(name: str, measured: Measured, seconds: float) -> float:
+    import torch
+    model, data = build(name)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return measured.timed(_loop(name, model, optimizer, data), seconds)
+
+
 def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
     import torch
     with gloo_group(measured.comm):
@@ -133,7 +142,8 @@ def worker(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD.Dup()
-    runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused}
+    runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
+               "no_comm": _run_no_comm}
     measured = Measured(comm)
     rate = runners[args.method](args.model, measured, args.seconds)
     result = measured.result(rate * BATCH[args.model] * comm.Get_size())
@@ -141,16 +151,16 @@ def worker(argv: Sequence[str]) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
-def _methods(model: str, seconds: float, report_cost: bool) -> list[launches.Method]:
+def _methods(model: str, seconds: float, report_dir: Optional[str]) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = ()) -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
                                        "--seconds", str(seconds)), env)
     methods = [method("hvdlite", "hvdlite"),
                method("hvdlite_per_grad", "hvdlite", (("HVDLITE_BUCKET_BYTES", "0"),)),
-               method("ddp_gloo", "ddp_gloo"), method("hand_fused", "hand_fused")]
-    if report_cost:
-        methods.append(method("hvdlite_report", "hvdlite", (
-            ("HVDLITE_REPORT", os.path.join(tempfile.gettempdir(), "hvdlite-bench-report")),)))
+               method("ddp_gloo", "ddp_gloo"), method("hand_fused", "hand_fused"),
+               method("no_comm", "no_comm")]
+    if report_dir is not None:
+        methods.append(method("hvdlite_report", "hvdlite", (("HVDLITE_REPORT", report_dir),)))
     return methods
 
 
@@ -165,11 +175,13 @@ def main(argv: Sequence[str]) -> None:
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
     rows = []
-    for np_ in args.np:
-        for model in args.models:
-            rows.append((model, np_, launches.interleaved(
-                _methods(model, args.seconds, args.report_cost), np_, args.rounds,
-                "samples_per_s", progress=f"training {model}")))
+    with tempfile.TemporaryDirectory(prefix="hvdlite-bench-report-") as scratch:
+        report_dir = scratch if args.report_cost else None    # the reports are not kept
+        for np_ in args.np:
+            for model in args.models:
+                rows.append((model, np_, launches.interleaved(
+                    _methods(model, args.seconds, report_dir), np_, args.rounds,
+                    "samples_per_s", progress=f"training {model}")))
     _print_table(rows, args.rounds)
 
 
@@ -179,13 +191,16 @@ def _print_table(rows: list, rounds: int) -> None:
           "rounds: median, and the min-max spread as % of the median; ratios are of "
           "medians, with the range of the per-round ratios.")
     print(f"{'model':>11} {'np':>3} | " + " ".join(f"{m:>16}" for m in METHODS) +
-          f" | {'bucketed/DDP':>17} {'bucketed/fused':>17} {'per-grad/DDP':>17}")
+          f" | {'bucketed/DDP':>17} {'bucketed/fused':>17} {'per-grad/DDP':>17}"
+          f" {'DDP/no-comm':>17} {'bucketed/no-comm':>17}")
     for model, np_, samples in rows:
         cells = " ".join(f"{samples[m].median:9.1f} {samples[m].spread():>5}" for m in METHODS)
         print(f"{model:>11} {np_:>3} | {cells} | "
               f"{launches.ratio(samples['hvdlite'], samples['ddp_gloo']):>17} "
               f"{launches.ratio(samples['hvdlite'], samples['hand_fused']):>17} "
-              f"{launches.ratio(samples['hvdlite_per_grad'], samples['ddp_gloo']):>17}")
+              f"{launches.ratio(samples['hvdlite_per_grad'], samples['ddp_gloo']):>17} "
+              f"{launches.ratio(samples['ddp_gloo'], samples['no_comm']):>17} "
+              f"{launches.ratio(samples['hvdlite'], samples['no_comm']):>17}")
         if "hvdlite_report" in samples:
             print(f"{'':>15} | with HVDLITE_REPORT: {samples['hvdlite_report'].median:7.0f} "
                   f"{samples['hvdlite_report'].spread():>5}, "
