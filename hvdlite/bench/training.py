@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from typing import Any, Callable, Sequence
@@ -141,16 +140,15 @@ def worker(argv: Sequence[str]) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
-def _methods(model: str, seconds: float, report_cost: bool) -> list[launches.Method]:
+def _methods(model: str, seconds: float, report_dir: str) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = ()) -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
                                        "--seconds", str(seconds)), env)
     methods = [method("hvdlite", "hvdlite"),
                method("hvdlite_per_grad", "hvdlite", (("HVDLITE_BUCKET_BYTES", "0"),)),
                method("ddp_gloo", "ddp_gloo"), method("hand_fused", "hand_fused")]
-    if report_cost:
-        methods.append(method("hvdlite_report", "hvdlite", (
-            ("HVDLITE_REPORT", os.path.join(tempfile.gettempdir(), "hvdlite-bench-report")),)))
+    if report_dir:
+        methods.append(method("hvdlite_report", "hvdlite", (("HVDLITE_REPORT", report_dir),)))
     return methods
 
 
@@ -165,11 +163,14 @@ def main(argv: Sequence[str]) -> None:
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
     rows = []
-    for np_ in args.np:
-        for model in args.models:
-            rows.append((model, np_, launches.interleaved(
-                _methods(model, args.seconds, args.report_cost), np_, args.rounds,
-                "samples_per_s", progress=f"training {model}")))
+    # The reports only cost time here: written to a directory removed at the end.
+    with tempfile.TemporaryDirectory(prefix="hvdlite-bench-report-") as scratch:
+        report_dir = scratch if args.report_cost else ""
+        for np_ in args.np:
+            for model in args.models:
+                rows.append((model, np_, launches.interleaved(
+                    _methods(model, args.seconds, report_dir), np_, args.rounds,
+                    "samples_per_s", progress=f"training {model}")))
     _print_table(rows, args.rounds)
 
 
