@@ -239,6 +239,11 @@ class Config:
         1, parse_positive_int,
         "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
         "stay in memory). A preempted job always writes its last commit.")
+    elastic_trust_dir: bool = _knob(
+        False, parse_bool,
+        "Load the committed state even where HVDLITE_ELASTIC_DIR or its file is owned by "
+        "another user or is group- or world-writable (refused by default, as ssh refuses "
+        "such keys: whoever can write there could make every rank run their code).")
 
     @property
     def timeline_path(self) -> str:

@@ -77,7 +77,13 @@ HostsUpdatedInterrupt = HostsUpdatedError
 
 class StateError(UsageError):
     """An elastic State cannot be committed or loaded (an attribute that cannot be
-    pickled, a committed file that cannot be read)."""
+    stored, a committed file that cannot be read or is not private)."""
+
+
+class StateWriteError(StateError):
+    """Writing the committed state to disk failed (a full disk, an I/O error); the
+    previous committed file is left as it was. ``State.persist`` logs it and
+    training goes on."""
 
 
 class JoinError(HvdliteError):

@@ -1,27 +1,28 @@
 """Horovod's elastic ``State`` and ``ObjectState``, over restart-based recovery.
 
-A commit is kept as pickled bytes per attribute: the in-memory copy is then a
-true snapshot (later in-place changes cannot reach it), it is exactly what
-goes to disk, and an attribute that cannot be pickled fails at ``commit()`` on
-the rank that holds it, naming the attribute. Frameworks add *handlers* for
+A commit is kept encoded per attribute (:mod:`hvdlite.elastic.codec`: plain
+values as a JSON tree, arrays and tensors as raw bytes, anything else pickled):
+the in-memory copy is then a true snapshot (later in-place changes cannot reach
+it), it is exactly what goes to disk, and an attribute that cannot be stored
+fails at ``commit()`` on the rank that holds it, naming the attribute. Frameworks add *handlers* for
 the objects they know (a torch model is saved through its ``state_dict``);
 everything else is a plain attribute, synchronised with ``broadcast_object``.
 """
 from __future__ import annotations
 
 import logging
-import pickle
 import queue
 from typing import Any, Callable, Iterable, Optional
 
-from hvdlite.elastic import persist, preemption
-from hvdlite.errors import HostsUpdatedError, StateError
+from hvdlite.elastic import codec, persist, preemption
+from hvdlite.elastic.codec import Encoded
+from hvdlite.errors import HostsUpdatedError, StateError, StateWriteError
 
 _log = logging.getLogger("hvdlite")
 
 
 class Handler:
-    """How one attribute is captured (to a picklable value), applied back and
+    """How one attribute is captured (to a storable value), applied back and
     synchronised from rank 0. The default treats it as a plain Python object."""
 
     def __init__(self, value: Any) -> None:
@@ -103,29 +104,57 @@ class State:
         if not directory or self._persisted == self._commits:
             return
         if self._rank() == 0:
-            persist.write(directory, self.committed_entries(), self._commits)
+            try:
+                persist.write(directory, self.committed_entries(), self._commits)
+            except StateWriteError as exc:
+                # Training goes on (the commit is kept in memory, and the next one
+                # tries the disk again): stopping would lose more than a stale file.
+                _log.warning("%s; training goes on from commit %d in memory (on disk: "
+                             "commit %d)", exc, self._commits, self._persisted)
+                return
         self._persisted = self._commits
 
     def load_persisted(self) -> bool:
-        """On rank 0, restore the state committed in HVDLITE_ELASTIC_DIR, if any (call
-        ``sync()`` after, on every rank). Returns whether rank 0 found one."""
+        """Restore the state committed in HVDLITE_ELASTIC_DIR on rank 0, if any (call
+        ``sync()`` after, on every rank). Collective when a directory is set: a file
+        rank 0 cannot load raises the same StateError on every rank, rather than
+        leaving the others waiting in ``sync()``. Returns whether this rank loaded one
+        (rank 0 only)."""
         directory = _setting("elastic_dir", "")
-        found = None
-        if directory and self._rank() == 0:
-            found = persist.read(directory)
-            if found is not None:
-                entries, self._commits = found
-                self.load_entries(entries)
-                self._persisted = self._commits
-                self.restore()
-                _log.info("resuming from commit %d in %s", self._commits, directory)
-        return found is not None
+        if not directory:
+            return False
+        found, failure = False, None
+        if self._rank() == 0:
+            try:
+                found = self._load_from(directory)
+            except Exception as exc:    # any failure: every rank must hear of it
+                failure = exc
+        message = self._bcast_object(None if failure is None else _describe(failure))
+        if message is not None:
+            raise StateError(message) from failure
+        return found
 
-    def committed_entries(self) -> dict[str, bytes]:
-        """The last commit, pickled per attribute."""
+    def _load_from(self, directory: str) -> bool:
+        found = persist.read(directory, trust=_setting("elastic_trust_dir", False))
+        if found is None:
+            return False
+        entries, commits = found
+        self.load_entries(entries)
+        try:
+            self.restore()
+        except codec.Malformed as exc:
+            raise StateError(f"rank 0 cannot read the committed state "
+                             f"{persist.state_path(directory)}: {exc}. Delete it to start "
+                             "over, or restore it from a copy") from exc
+        self._commits = self._persisted = commits
+        _log.info("resuming from commit %d in %s", commits, directory)
+        return True
+
+    def committed_entries(self) -> dict[str, Encoded]:
+        """The last commit, encoded per attribute."""
         raise NotImplementedError()
 
-    def load_entries(self, entries: dict[str, bytes]) -> None:
+    def load_entries(self, entries: dict[str, Encoded]) -> None:
         """Make ``entries`` the last commit (``restore()`` then applies it)."""
         raise NotImplementedError()
 
@@ -158,9 +187,9 @@ class ObjectState(State):
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
-        # Nothing is pickled yet: hvd.elastic.run's first sync() saves, and an
-        # attribute that cannot be pickled is reported by commit(), by name.
-        self._saved: dict[str, bytes] = {}
+        # Nothing is encoded yet: hvd.elastic.run's first sync() saves, and an
+        # attribute that cannot be stored is reported by commit(), by name.
+        self._saved: dict[str, Encoded] = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
@@ -172,12 +201,12 @@ class ObjectState(State):
         saved = {}
         for name, handler in self._handlers.items():
             handler.value = getattr(self, name)
-            saved[name] = _pickle(name, handler.capture())
+            saved[name] = codec.encode(handler.capture(), name)
         self._saved = saved
 
     def restore(self) -> None:
-        for name, data in self._saved.items():
-            object.__setattr__(self, name, self._handlers[name].apply(pickle.loads(data)))
+        for name, encoded in self._saved.items():
+            object.__setattr__(self, name, self._handlers[name].apply(codec.decode(encoded)))
 
     def sync(self) -> None:
         for name, handler in self._handlers.items():
@@ -187,10 +216,10 @@ class ObjectState(State):
         # returns every rank to the same point.
         self.save()
 
-    def committed_entries(self) -> dict[str, bytes]:
+    def committed_entries(self) -> dict[str, Encoded]:
         return dict(self._saved)
 
-    def load_entries(self, entries: dict[str, bytes]) -> None:
+    def load_entries(self, entries: dict[str, Encoded]) -> None:
         unknown = sorted(set(entries) - set(self._handlers))
         missing = sorted(set(self._handlers) - set(entries))
         if unknown or missing:
@@ -200,14 +229,13 @@ class ObjectState(State):
         self._saved = dict(entries)
 
 
-def _pickle(name: str, value: Any) -> bytes:
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise StateError(f"elastic state attribute {name!r} cannot be committed: its value "
-                         f"of type {type(value).__name__} cannot be pickled ({exc}). Keep "
-                         "only picklable values in the State (rebuild the others after "
-                         "restore)") from exc
+def _describe(failure: BaseException) -> str:
+    """The text every rank raises for rank 0's failure to load the committed state."""
+    if isinstance(failure, StateError):
+        return str(failure)
+    return (f"rank 0 could not restore the committed state in HVDLITE_ELASTIC_DIR "
+            f"({type(failure).__name__}: {failure}); if it belongs to another model or "
+            "run, use a new HVDLITE_ELASTIC_DIR to start over")
 
 
 def _setting(field: str, default: Any) -> Any:

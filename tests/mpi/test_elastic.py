@@ -4,6 +4,7 @@ committed file, ElasticSampler resuming, and the bad inputs (an attribute that
 cannot be pickled, a committed file of another state)."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -22,19 +23,21 @@ import hvdlite.torch as hvdt  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def _shared_dir(tag: str) -> str:
-    """A directory every rank names the same (rank 0's temporary dir, broadcast)."""
-    path = tempfile.mkdtemp(prefix=f"hvdlite-elastic-{tag}-") if hvd.rank() == 0 else None
-    return hvd.broadcast_object(path, name=f"elastic.dir.{tag}")
-
-
 @pytest.fixture
 def elastic_dir():  # type: ignore[no-untyped-def]
-    directory = _shared_dir("t")
+    """A directory every rank names the same (rank 0's temporary dir, broadcast),
+    removed by rank 0 once every rank is done with it."""
+    path = tempfile.mkdtemp(prefix="hvdlite-elastic-t-") if hvd.rank() == 0 else None
+    directory = hvd.broadcast_object(path, name="elastic.dir.t")
     reconfigure(elastic_dir=directory)
-    yield directory
-    reconfigure(elastic_dir="")
-    preemption._requested.clear()
+    try:
+        yield directory
+    finally:
+        reconfigure(elastic_dir="")
+        preemption._requested.clear()
+        hvd.barrier()
+        if hvd.rank() == 0:
+            shutil.rmtree(directory)
 
 
 def test_object_state_commit_restore_sync() -> None:
@@ -173,9 +176,8 @@ def test_committed_file_of_another_state_is_refused(elastic_dir: str) -> None:
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
     state.commit()
     other = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0)
-    if hvd.rank() == 0:
-        with pytest.raises(hvd.StateError, match="missing: \\['epoch'\\]"):
-            other.load_persisted()
+    with pytest.raises(hvd.StateError, match="missing: \\['epoch'\\]"):
+        other.load_persisted()                      # rank 0 reads; every rank raises
     hvd.barrier()
 
 

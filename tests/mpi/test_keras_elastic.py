@@ -7,6 +7,7 @@ collective failure raised inside a compiled step; bad inputs are refused."""
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from typing import Any, Callable
 
@@ -69,17 +70,19 @@ def _everywhere(**checks: Any) -> None:
     assert not failed, f"failed (rank, check): {sorted(failed)}"
 
 
-def _shared_dir() -> str:
-    path = tempfile.mkdtemp(prefix="hvdlite-kelastic-") if hvd.rank() == 0 else None
-    return hvd.broadcast_object(path, name="kelastic.dir")
-
-
 @pytest.fixture
 def elastic_dir():  # type: ignore[no-untyped-def]
-    directory = _shared_dir()
+    """Rank 0's temporary directory, broadcast; rank 0 removes it once all are done."""
+    path = tempfile.mkdtemp(prefix="hvdlite-kelastic-") if hvd.rank() == 0 else None
+    directory = hvd.broadcast_object(path, name="kelastic.dir")
     reconfigure(elastic_dir=directory)
-    yield directory
-    reconfigure(elastic_dir="")
+    try:
+        yield directory
+    finally:
+        reconfigure(elastic_dir="")
+        hvd.barrier()
+        if hvd.rank() == 0:
+            shutil.rmtree(directory)
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
@@ -280,10 +283,9 @@ def test_committed_file_of_another_model_is_refused_naming_the_variable(
                               keras.layers.Dense(2)])
     resumed = hvd.elastic.KerasState(other, keras.optimizers.SGD(0.1))
     message = ""
-    if hvd.rank() == 0:                              # only rank 0 reads the file
-        try:
-            resumed.load_persisted()
-        except StateError as error:
-            message = str(error)
+    try:
+        resumed.load_persisted()                     # rank 0 reads; every rank raises
+    except StateError as error:
+        message = str(error)
     pattern = r"'model'.*dense.*kernel is float32\[5, 7\].*float32\[5, 6\]"
-    _everywhere(refused=hvd.rank() != 0 or re.search(pattern, message) is not None)
+    _everywhere(refused=re.search(pattern, message) is not None)

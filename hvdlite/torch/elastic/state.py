@@ -1,6 +1,6 @@
 """``TorchState``: a model, an optimizer, samplers and plain values, committed and
 restored together. Models, optimizers and ElasticSamplers go through their
-``state_dict`` (committed as pickled tensors: a restore is bitwise); any other
+``state_dict`` (committed as the tensors' raw bytes: a restore is bitwise); any other
 keyword argument (``epoch=0, batch=0``) is a plain attribute."""
 from __future__ import annotations
 

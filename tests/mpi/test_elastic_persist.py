@@ -1,0 +1,103 @@
+"""The committed file on every rank: a state rank 0 cannot load (truncated,
+corrupted, planted by another user, of the old pickle format) raises the same
+StateError on every rank, through hvd.elastic.run, with no rank left waiting in
+sync(); the training function never runs. A good file still resumes everywhere."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from hvdlite.api.control import reconfigure
+from hvdlite.elastic import persist
+
+# A hang fails the test (and the run) instead of stalling it.
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def elastic_dir() -> Iterator[str]:
+    """Rank 0's temporary directory, broadcast; removed once every rank is done."""
+    path = tempfile.mkdtemp(prefix="hvdlite-epersist-") if hvd.rank() == 0 else None
+    directory = hvd.broadcast_object(path, name="epersist.dir")
+    reconfigure(elastic_dir=directory)
+    try:
+        yield directory
+    finally:
+        reconfigure(elastic_dir="")
+        hvd.barrier()
+        if hvd.rank() == 0:
+            shutil.rmtree(directory)
+
+
+def _commit_then(damage: Callable[[Path], None], directory: str) -> None:
+    """Commit a state, then let rank 0 ``damage`` its file (the others wait)."""
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=5, log=[1, 2])
+    state.commit()
+    if hvd.rank() == 0:
+        damage(persist.state_path(directory))
+    hvd.barrier()
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def _flip_a_byte(path: Path) -> None:
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    path.write_bytes(bytes(content))
+
+
+def _give_to_nobody(path: Path) -> None:
+    os.chown(path, 65534, -1)
+
+
+def _old_format(path: Path) -> None:
+    path.rename(path.with_name(persist.LEGACY_FILE_NAME))
+
+
+CASES = {"truncated": (_truncate, "truncated"),
+         "corrupted": (_flip_a_byte, "cannot read the committed state"),
+         "foreign": (_give_to_nobody, "owned by uid 65534"),
+         "legacy": (_old_format, "old pickle format")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_state_rank_0_cannot_load_fails_every_rank_alike(elastic_dir: str, case: str) -> None:
+    damage, expected = CASES[case]
+    if case == "foreign" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    _commit_then(damage, elastic_dir)
+    resumed = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, log=[])
+    ran = []
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ObjectState) -> None:
+        ran.append(state.step)
+
+    with pytest.raises(hvd.StateError) as caught:
+        train(resumed)
+    messages = hvd.allgather_object(str(caught.value), name=f"epersist.{case}")
+    assert len(set(messages)) == 1, messages            # every rank, the same message
+    assert expected in messages[0] and elastic_dir in messages[0]
+    assert ran == [] and resumed.step == 0
+    after = hvd.allreduce(np.ones(1), op=hvd.Sum, name=f"epersist.after.{case}")
+    assert after[0] == hvd.size()                       # and the world still works
+
+
+def test_a_good_state_resumes_on_every_rank(elastic_dir: str) -> None:
+    _commit_then(lambda path: None, elastic_dir)
+    resumed = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0, log=[])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ObjectState) -> tuple[int, list[int]]:
+        return state.step, state.log
+
+    assert train(resumed) == (5, [1, 2])
