@@ -21,8 +21,9 @@ from hvdlite.api.compression import Compression
 from hvdlite.errors import (CollectiveFailedError, ConfigError, DuplicateNameError,
                             HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
                             HvdliteError, HvdliteTypeError, JoinError, MismatchError,
-                            NotInitializedError, NotSupportedError, PeerLostError,
-                            ShutdownError, StallError, StateError, UsageError)
+                            NotInitializedError, NotSupportedError, OutputPathError,
+                            PeerLostError, ShutdownError, StallError, StateError,
+                            UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"
@@ -45,7 +46,7 @@ COMMON_NAMES = (
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError", "NotSupportedError",
     "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
     "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
-    "StateError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "StateError", "HorovodInternalError", "HostsUpdatedInterrupt", "OutputPathError",
 )
 
 # Not in __all__ (the bindings have their own elastic module, and no run):

@@ -202,6 +202,12 @@ class Config:
         "shutdown: per rank step time, compute, time blocked on communication, time "
         "waiting for slower peers, bytes moved and peak memory, the stragglers and "
         "a verdict (see 'Why is my training slow?'). Empty disables recording.")
+    output_check: str = _knob(
+        "error", _choice("error", "warn"),
+        "What init() does when an output hvdlite will write (the HVDLITE_REPORT "
+        "directory, the HVDLITE_TIMELINE file, HVDLITE_ELASTIC_DIR) cannot be written "
+        "by rank 0: 'error' raises OutputPathError on every rank before any training; "
+        "'warn' logs it and goes on (that output then fails when it is written).")
     log_level: str = _knob(
         "warning", _choice("debug", "info", "warning", "error"),
         "Level of the 'hvdlite' logger.")

@@ -86,6 +86,18 @@ class StateWriteError(StateError):
     training goes on."""
 
 
+class HostDiscoveryError(UsageError):
+    """``hvdliterun --elastic``: the host discovery script failed, printed a line that
+    is not ``host[:slots]``, or reported fewer slots than ``--min-np`` until
+    ``--start-timeout``."""
+
+
+class OutputPathError(ConfigError):
+    """An output hvdlite writes (HVDLITE_REPORT, HVDLITE_TIMELINE, HVDLITE_ELASTIC_DIR)
+    names a path that cannot be written; raised by ``init()`` on every rank, before
+    any training, unless HVDLITE_OUTPUT_CHECK=warn."""
+
+
 class JoinError(HvdliteError):
     """A collective other than allreduce ran while some rank had joined."""
 

@@ -27,7 +27,7 @@ from typing import Any, NoReturn, Optional, Sequence
 
 from mpi4py import MPI
 
-from hvdlite.core import exit_guard, failure, liveness, stall, waiting
+from hvdlite.core import exit_guard, failure, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
@@ -172,6 +172,7 @@ class Engine:
     def _setup(self) -> None:
         waiting.precise_sleeps()
         self.topology = detect(self._comm)
+        unusable = outputs.agree(self._comm, self.config)   # before anything is started
         register_agreed_sets(self.registry, self._comm, self._initial_sets)
         self._liveness = liveness.Liveness(self._comm, self.config)
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
@@ -179,7 +180,8 @@ class Engine:
         self._stalls_told: set[int] = set()   # held stall errors already logged
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
-        if self.config.timeline_path and self.topology.rank == 0:
+        if (self.config.timeline_path and self.topology.rank == 0
+                and "HVDLITE_TIMELINE" not in unusable):
             self.timeline = Timeline(self.config.timeline_path,
                                      mark_cycles=self.config.timeline_mark_cycles)
 

@@ -3,7 +3,13 @@
 An MPI world cannot shrink or grow in place, so hvdlite recovers by restarting:
 
 - On entry, rank 0 loads the state committed in ``HVDLITE_ELASTIC_DIR`` (if a
-  previous run of the job left one) and ``sync()`` gives it to every rank.
+  previous run of the job left one) and ``sync()`` gives it to every rank. A
+  resume is a reset, as a restart after a failure replaces Horovod's in-place
+  reset: ``State.reset()`` and the callbacks of ``register_reset_callbacks`` run
+  (after the sync, on every rank, at the world size of this run) before the
+  function is called, so a script rescales its learning rate to ``hvd.size()``
+  (a committed optimizer carries the old world's rate). A first start, with
+  nothing committed, runs no callbacks, as in Horovod.
 - A collective failure (Horovod's ``HorovodInternalError``) while the world is
   still whole (the engine runs) restores the last commit in memory and calls
   the function again. When the world is broken (a lost peer, a stopped
@@ -47,12 +53,17 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
                             f"(e.g. hvd.elastic.TorchState), not {type(state).__name__}")
         preemption.install()
         try:
-            state.load_persisted()
+            resumed = _load(state)
             skip_sync = False
             while True:
                 try:
                     if not skip_sync:
                         state.sync()
+                    if resumed:
+                        # A restart is this job's reset event (Horovod's on_reset after a
+                        # worker left or came), and the world may have another size now.
+                        resumed = False
+                        state.on_reset()
                     return func(state, *args, **kwargs)
                 except CollectiveFailedError as exc:
                     if not world_is_whole():
@@ -71,6 +82,18 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             preemption.uninstall()
 
     return wrapper  # type: ignore[return-value]
+
+
+def _load(state: State) -> bool:
+    """Rank 0 loads the committed file, if any; every rank learns whether it did
+    (collective: one small broadcast), so every rank runs the reset callbacks, and
+    takes rank 0's commit count, so ``commit()`` numbers agree across ranks."""
+    found = state.load_persisted()
+    resumed, commits = state._bcast_object((found, state._commits))
+    state._commits = state._persisted = commits
+    if resumed and state._rank() == 0:
+        _log.info("resumed from the committed state: running the reset callbacks")
+    return resumed
 
 
 def _leave_preempted() -> None:

@@ -3,7 +3,9 @@
 An MPI world cannot lose a rank and go on, so recovery is a restart: any rank's
 failure ends the job (hvdlite aborts it, see ``hvdlite.core.failure``), and this
 loop starts it again, up to ``--max-restarts`` times, on the hosts that
-``--host-discovery-script`` reports then (or the same ones). The script's
+``--host-discovery-script`` reports then (or the same ones): with fewer slots than
+``-np`` (but at least ``--min-np``) the job resumes at a smaller world size, and
+grows back, up to ``-np``, at a later restart when the slots return. The script's
 ``hvd.elastic.run`` resumes from the state committed in ``HVDLITE_ELASTIC_DIR``,
 which this loop sets to a fresh directory per launch unless it is already set.
 
@@ -27,12 +29,17 @@ import time
 from typing import Callable, Optional
 
 from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
+from hvdlite.errors import HostDiscoveryError
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # An error report: hvdlite's "uncaught" header or a bare traceback, up to the exception line.
 _REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
                            r"^\[hvdlite\] rank \d+ of \d+ on \S+: uncaught ")
 _HEADER = re.compile(r"^\[hvdlite\] rank \d+ of \d+ on \S+: ")
+# A host name or address as the launchers take it (no spaces, no ':' or ',').
+_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
+# A discovery script that hangs must not hang the restart loop.
+_SCRIPT_TIMEOUT = 60.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,19 +70,68 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         p.error("give --host-discovery-script or -H/--hostfile, not both")
 
 
+def parse_hosts(script: str, text: str) -> list[tuple[str, int]]:
+    """(host, slots) for each line of a discovery script's output ('host' or
+    'host:slots'; blank lines are skipped). A line that is neither raises
+    HostDiscoveryError naming the script and the line: a typo must not become a
+    restart loop or a traceback from int()."""
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        host, colon, slots = line.partition(":")
+        if not _HOST.match(host) or (colon and not slots.isdigit()) or (colon and int(slots) < 1):
+            raise HostDiscoveryError(
+                f"hvdliterun: {script} printed line {number} {raw!r}, which is not 'host' or "
+                "'host:slots' (a host name and a whole number of slots >= 1); fix the "
+                "script so that it prints one such line per usable host")
+        hosts.append((host, int(slots) if colon else 1))
+    return hosts
+
+
 def discover(script: str, wanted: int, least: int, timeout: float) -> tuple[str, int]:
-    """(hosts argument, ranks) from the discovery script, waiting for ``least`` slots."""
+    """(hosts argument, ranks) from the discovery script: up to ``wanted`` ranks on the
+    slots it reports, once it reports at least ``least``. Waits up to ``timeout``
+    seconds for them (hosts may be on their way back); a script that fails or prints
+    something that is not a host list raises HostDiscoveryError at once (waiting would
+    not change it)."""
     deadline = time.monotonic() + timeout
+    told = False
     while True:
-        out = subprocess.run([script], capture_output=True, text=True, check=False)
-        entries = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-        slots = sum(int(e.partition(":")[2] or 1) for e in entries)
-        if out.returncode == 0 and slots >= least:
-            return ",".join(e if ":" in e else e + ":1" for e in entries), min(wanted, slots)
+        hosts = _run_script(script)
+        slots = sum(count for _, count in hosts)
+        if slots >= least:
+            return ",".join(f"{host}:{count}" for host, count in hosts), min(wanted, slots)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"hvdliterun: {script} reported {slots} slots (exit "
-                               f"{out.returncode}) after {timeout:.0f} s; --min-np is {least}")
+            raise HostDiscoveryError(
+                f"hvdliterun: {script} reported {slots} slot(s) ({_listed(hosts)}) for "
+                f"{timeout:g} s (--start-timeout); --min-np needs {least}. Bring hosts back, "
+                "lower --min-np or raise --start-timeout")
+        if not told:
+            _say(f"hvdliterun: {script} reports {slots} slot(s), --min-np needs {least}; "
+                 f"waiting up to {timeout:g} s (--start-timeout)")
+            told = True
         time.sleep(1.0)
+
+
+def _run_script(script: str) -> list[tuple[str, int]]:
+    try:
+        out = subprocess.run([script], capture_output=True, text=True, check=False,
+                             timeout=_SCRIPT_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} could not "
+                                 f"be run ({exc}); it must be an executable file that "
+                                 "prints 'host:slots' lines and exits 0") from exc
+    if out.returncode != 0:
+        detail = out.stderr.strip()[-500:] or "nothing on stderr"
+        raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} exited "
+                                 f"with code {out.returncode} ({detail}); it must exit 0")
+    return parse_hosts(script, out.stdout)
+
+
+def _listed(hosts: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{host}:{count}" for host, count in hosts) or "no hosts"
 
 
 def run_elastic(args: argparse.Namespace,
@@ -100,14 +156,21 @@ def _attempts(args: argparse.Namespace,
               build_command: Callable[[argparse.Namespace], list[str]]) -> int:
     runner = _Attempt()
     code = 1
+    # -np is the most ranks: each start takes what the discovery script offers then,
+    # up to it, so a job that shrank when a host left grows again when it is back.
+    wanted, least = args.np, args.min_np or args.np
     for attempt in range(args.max_restarts + 1):
         if args.host_discovery_script:
+            previous = args.np
             try:
-                args.hosts, args.np = discover(args.host_discovery_script, args.np,
-                                               args.min_np or args.np, args.start_timeout)
-            except RuntimeError as exc:
+                args.hosts, args.np = discover(args.host_discovery_script, wanted, least,
+                                               args.start_timeout)
+            except HostDiscoveryError as exc:
                 _say(str(exc))
-                return code
+                return code if code != 0 else 1
+            if attempt and args.np != previous:
+                _say(f"hvdliterun: the world changes from {previous} to {args.np} rank(s) "
+                     f"({args.hosts}); the job resumes from the last commit at that size")
         code = runner.run(build_command(args))
         if code == 0 or code == PREEMPTED_EXIT_CODE or runner.interrupted:
             return code

@@ -1,0 +1,110 @@
+"""An elastic training program whose world changes size between restarts, run by
+tests/integration/test_elastic_resize.py under hvdliterun --elastic with a host
+discovery script that prints the file RESIZE_HOSTS.
+
+Environment (test settings, not hvdlite knobs):
+  RESIZE_HOSTS  the file the discovery script prints ('localhost:N')
+  RESIZE_PLAN   'size:commit:hosts,...': when the world has `size` ranks and commit
+                number `commit` is done, the last rank writes `hosts` to RESIZE_HOSTS
+                and SIGKILLs itself (a host is lost, or the job is made to restart
+                after one came back)
+  RESIZE_OUT    each rank writes its final parameters to RESIZE_OUT.<rank>.json; rank 0
+                adds the samples seen (per step, every rank's, as committed)
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import torch
+
+import hvdlite.torch as hvd
+
+EPOCHS = 2
+SAMPLES = 48
+BATCH = 4          # per rank
+BASE_LR = 0.01     # per rank: the rate is BASE_LR * hvd.size()
+
+
+def _data() -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(SAMPLES, 6, generator=gen)
+    y = x @ torch.arange(1.0, 7.0).unsqueeze(1) + 0.5
+    return torch.utils.data.TensorDataset(x, y, torch.arange(SAMPLES))
+
+
+def _plan() -> dict[tuple[int, int], str]:
+    steps = {}
+    for item in filter(None, os.environ.get("RESIZE_PLAN", "").split(",")):
+        size, commit, hosts = item.split(":", 2)
+        steps[(int(size), int(commit))] = hosts
+    return steps
+
+
+def _commit(state: hvd.elastic.TorchState) -> None:
+    state.commit()
+    hosts = _plan().get((hvd.size(), state._commits))
+    if hosts is not None and hvd.rank() == hvd.size() - 1:
+        with open(os.environ["RESIZE_HOSTS"], "w") as handle:
+            handle.write(hosts.replace(";", "\n") + "\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _lr(state: hvd.elastic.TorchState) -> float:
+    return float(state.optimizer.param_groups[0]["lr"])
+
+
+@hvd.elastic.run
+def _train(state: hvd.elastic.TorchState, data: torch.utils.data.Dataset) -> None:
+    if hvd.rank() == 0:
+        print(f"START size={hvd.size()} commits={state._commits} epoch={state.epoch} "
+              f"processed={state.sampler.processed_num} lr={_lr(state):g}", flush=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=state.sampler)
+    loss_fn = torch.nn.MSELoss()
+    for epoch in range(state.epoch, EPOCHS):
+        for batch_idx, (x, y, index) in enumerate(loader):
+            state.optimizer.zero_grad()
+            loss_fn(state.model(x), y).backward()
+            state.optimizer.step()
+            state.seen.append([epoch] + hvd.allgather(index, name="seen").tolist())
+            state.sampler.record_batch(batch_idx, BATCH)
+            if batch_idx % 2 == 1:
+                _commit(state)
+        state.sampler.set_epoch(epoch + 1)
+        state.epoch = epoch + 1
+        _commit(state)
+
+
+def train() -> None:
+    torch.set_num_threads(1)
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(_data(), shuffle=True, seed=3)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, seen=[])
+
+    def on_state_reset() -> None:
+        # The committed optimizer carries the rate of the world that committed it.
+        for group in optimizer.param_groups:
+            group["lr"] = BASE_LR * hvd.size()
+        if hvd.rank() == 0:
+            print(f"RESET size={hvd.size()} commits={state._commits}", flush=True)
+
+    state.register_reset_callbacks([on_state_reset])
+    _train(state, _data())
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    result = {"params": params.numpy().tobytes().hex(), "size": hvd.size(), "lr": _lr(state)}
+    if hvd.rank() == 0:
+        result["seen"] = state.seen
+    with open(f"{os.environ['RESIZE_OUT']}.{hvd.rank()}.json", "w") as handle:
+        json.dump(result, handle)
+    print(f"DONE rank {hvd.rank()}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    globals()[sys.argv[1]]()

@@ -1,0 +1,88 @@
+"""Outputs checked at init(), before the first step: a report directory, timeline
+file or elastic state directory that rank 0 cannot write fails hvd.init() on every
+rank with OutputPathError (no rank is left waiting), or only warns with
+HVDLITE_OUTPUT_CHECK=warn; usable paths pass without anything being created.
+
+Paths that fail for root too (the tests may run as root, for whom permission bits
+do not count): a path under a regular file, an existing file given as a directory,
+a file in a missing directory. The job is tests/integration/outputs_job.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mpirun import mpiexec
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_job(np: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    full_env.update(PYTHONPATH=str(ROOT), HVDLITE_PEER_TIMEOUT="5", **env)
+    return subprocess.run([*mpiexec(np), sys.executable, "-m", "tests.integration.outputs_job"],
+                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_unwritable_outputs_fail_init_on_every_rank(tmp_path: Path, np: int) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    env = {"HVDLITE_REPORT": str(afile),                                 # a file, not a dir
+           "HVDLITE_TIMELINE": str(tmp_path / "missing" / "timeline.json"),
+           "HVDLITE_ELASTIC_DIR": str(afile / "state")}                   # under a file
+    proc = run_job(np, env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    for rank in range(np):
+        line = next((l for l in proc.stdout.splitlines()
+                     if l.startswith(f"REFUSED rank {rank}: ")), "")
+        assert "OutputPathError: " in line, output
+        assert f"rank {rank}: hvdlite.init()" in line, output
+        assert f"HVDLITE_REPORT='{afile}' cannot be used: {afile} exists and is not a " \
+               "directory" in line, output
+        assert f"its directory {tmp_path / 'missing'} does not exist" in line, output
+        assert f"HVDLITE_ELASTIC_DIR='{afile / 'state'}' cannot be used: {afile} is a " \
+               "file" in line, output
+        assert "HVDLITE_OUTPUT_CHECK=warn" in line, output
+    assert "STARTED" not in output, output
+    assert afile.read_text() == "keep me\n" and sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+@pytest.mark.parametrize("variable,path", [
+    ("HVDLITE_REPORT", "afile/report"),
+    ("HVDLITE_TIMELINE", "afile/timeline.json"),
+    ("HVDLITE_TIMELINE", "adir"),
+])
+def test_each_output_is_checked(tmp_path: Path, variable: str, path: str) -> None:
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    proc = run_job(2, {variable: str(tmp_path / path)})
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(f"OutputPathError: ") == 2, proc.stdout + proc.stderr
+    assert f"{variable}='{tmp_path / path}' cannot be used" in proc.stdout, proc.stdout
+
+
+def test_warn_setting_logs_and_starts_without_the_timeline(tmp_path: Path) -> None:
+    timeline = tmp_path / "missing" / "timeline.json"
+    proc = run_job(2, {"HVDLITE_TIMELINE": str(timeline), "HVDLITE_OUTPUT_CHECK": "warn"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "STARTED rank 0" in output and "STARTED rank 1" in output, output
+    assert f"rank 0: HVDLITE_TIMELINE='{timeline}' cannot be used" in output, output
+    assert "no timeline is written" in output, output
+
+
+def test_usable_outputs_start_and_the_check_creates_nothing(tmp_path: Path) -> None:
+    report, state = tmp_path / "new" / "report", tmp_path / "deeper" / "new" / "state"
+    proc = run_job(2, {"HVDLITE_REPORT": str(report), "HVDLITE_ELASTIC_DIR": str(state),
+                       "HVDLITE_TIMELINE": str(tmp_path / "timeline.json"),
+                       "OUTPUTS_ABSENT": os.pathsep.join([str(report), str(state)])})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "STARTED rank 0 created=[]" in output and "STARTED rank 1 created=[]" in output
+    assert (report / "report.json").exists() and not state.parent.parent.exists(), output
