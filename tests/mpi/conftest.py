@@ -91,3 +91,22 @@ def keras_on_tensorflow() -> tuple:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     return tf, keras
 
+
+@pytest.fixture
+def elastic_dir():  # type: ignore[no-untyped-def]
+    """A directory every rank names the same (rank 0's temporary directory, broadcast) as
+    HVDLITE_ELASTIC_DIR; rank 0 removes it once every rank is done with it."""
+    import shutil
+    import tempfile
+    from hvdlite.elastic import preemption
+    path = tempfile.mkdtemp(prefix="hvdlite-elastic-t-") if hvd.rank() == 0 else None
+    directory = hvd.broadcast_object(path, name="elastic.dir.t")
+    reconfigure(elastic_dir=directory)
+    try:
+        yield directory
+    finally:
+        reconfigure(elastic_dir="")
+        preemption._requested.clear()
+        hvd.barrier()
+        if hvd.rank() == 0:
+            shutil.rmtree(directory)

@@ -4,8 +4,6 @@ committed file, ElasticSampler resuming, and the bad inputs (an attribute that
 cannot be pickled, a committed file of another state)."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -22,22 +20,6 @@ import hvdlite.torch as hvdt  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture
-def elastic_dir():  # type: ignore[no-untyped-def]
-    """A directory every rank names the same (rank 0's temporary dir, broadcast),
-    removed by rank 0 once every rank is done with it."""
-    path = tempfile.mkdtemp(prefix="hvdlite-elastic-t-") if hvd.rank() == 0 else None
-    directory = hvd.broadcast_object(path, name="elastic.dir.t")
-    reconfigure(elastic_dir=directory)
-    try:
-        yield directory
-    finally:
-        reconfigure(elastic_dir="")
-        preemption._requested.clear()
-        hvd.barrier()
-        if hvd.rank() == 0:
-            shutil.rmtree(directory)
 
 
 def test_object_state_commit_restore_sync() -> None:

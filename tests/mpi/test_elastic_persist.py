@@ -5,35 +5,18 @@ sync(); the training function never runs. A good file still resumes everywhere."
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.api.control import reconfigure
 from hvdlite.elastic import persist
 
 # A hang fails the test (and the run) instead of stalling it.
 pytestmark = pytest.mark.timeout(60)
 
-
-@pytest.fixture
-def elastic_dir() -> Iterator[str]:
-    """Rank 0's temporary directory, broadcast; removed once every rank is done."""
-    path = tempfile.mkdtemp(prefix="hvdlite-epersist-") if hvd.rank() == 0 else None
-    directory = hvd.broadcast_object(path, name="epersist.dir")
-    reconfigure(elastic_dir=directory)
-    try:
-        yield directory
-    finally:
-        reconfigure(elastic_dir="")
-        hvd.barrier()
-        if hvd.rank() == 0:
-            shutil.rmtree(directory)
 
 
 def _commit_then(damage: Callable[[Path], None], directory: str) -> None:

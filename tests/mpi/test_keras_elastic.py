@@ -7,8 +7,6 @@ collective failure raised inside a compiled step; bad inputs are refused."""
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from typing import Any, Callable
 
 import numpy as np
@@ -20,7 +18,6 @@ tf, keras = keras_on_tensorflow()
 
 import hvdlite.keras as hvd  # noqa: E402
 import hvdlite.tensorflow as hvdtf  # noqa: E402
-from hvdlite.api.control import reconfigure  # noqa: E402
 from hvdlite.errors import PeerLostError, StateError, UsageError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,20 +66,6 @@ def _everywhere(**checks: Any) -> None:
               for name, value in values.items() if not value}
     assert not failed, f"failed (rank, check): {sorted(failed)}"
 
-
-@pytest.fixture
-def elastic_dir():  # type: ignore[no-untyped-def]
-    """Rank 0's temporary directory, broadcast; rank 0 removes it once all are done."""
-    path = tempfile.mkdtemp(prefix="hvdlite-kelastic-") if hvd.rank() == 0 else None
-    directory = hvd.broadcast_object(path, name="kelastic.dir")
-    reconfigure(elastic_dir=directory)
-    try:
-        yield directory
-    finally:
-        reconfigure(elastic_dir="")
-        hvd.barrier()
-        if hvd.rank() == 0:
-            shutil.rmtree(directory)
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
