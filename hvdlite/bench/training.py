@@ -46,13 +46,14 @@ class Measured:
         self.clock = ThreadClock()
         self.calls = 0
         self.allreduce_cpu = 0.0
+        self.average_cpu = 0.0      # the hand-fused loop's division by the size
 
     def timed(self, step: Callable[[], None], seconds: float) -> float:
         """Steps per second on the slowest rank; the CPU clock runs over the timed calls."""
         def counted() -> None:
             if self.calls == WARMUP:
                 self.clock.start()
-                self.allreduce_cpu = 0.0
+                self.allreduce_cpu = self.average_cpu = 0.0
             self.calls += 1
             step()
         rate = 1.0 / seconds_per_call(counted, seconds, self.comm, warmup=WARMUP, min_calls=10)
@@ -63,6 +64,7 @@ class Measured:
         steps = max(self.calls - WARMUP, 1)
         mine = {f"cpu_{k}": v / steps for k, v in self.clock.seconds.items()}
         mine["cpu_allreduce"] = self.allreduce_cpu / steps
+        mine["cpu_average"] = self.average_cpu / steps
         every = self.comm.allgather(mine)
         result = {k: sum(r[k] for r in every) / len(every) for k in mine}
         result["samples_per_s"] = samples_per_s
@@ -95,7 +97,9 @@ def _run_hand_fused(name: str, measured: Measured, seconds: float) -> float:
         started = time.thread_time()
         comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         measured.allreduce_cpu += time.thread_time() - started
+        started = time.thread_time()
         np.divide(flat, comm.Get_size(), out=flat)
+        measured.average_cpu += time.thread_time() - started
         offset = 0
         for p in params:
             p.grad.copy_(torch.from_numpy(flat[offset:offset + p.numel()]).view_as(p))
@@ -207,13 +211,15 @@ def _print_table(rows: list, rounds: int) -> None:
                   f"{launches.ratio(samples['hvdlite_report'], samples['hvdlite'])} of hvdlite "
                   "without it (the cost of recording)")
     print("\nPeak RSS (MiB, largest rank) and CPU ms per step by thread (mean over ranks; "
-          "medians over the rounds): training / engine / helpers; hand-fused: its Allreduce.")
+          "medians over the rounds): training / engine / helpers; hand-fused: its Allreduce "
+          "and its division by the size (in the training thread).")
     for model, np_, samples in rows:
         for m in METHODS:
             extra = samples[m].extra
             cpu = " / ".join(f"{1000 * extra.get(f'cpu_{k}', 0.0):7.1f}"
                              for k in ("training", "engine", "helpers"))
             allreduce = (f"  Allreduce {1000 * extra.get('cpu_allreduce', 0.0):6.1f}"
+                         f" + average {1000 * extra.get('cpu_average', 0.0):5.1f}"
                          if m == "hand_fused" else "")
             print(f"{model:>11} {np_:>3} {m:>16}: {extra.get('peak_rss_mib', 0.0):7.0f} MiB  "
                   f"cpu {cpu}{allreduce}")
