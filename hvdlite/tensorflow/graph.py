@@ -75,6 +75,10 @@ def graph_name(kind: str, name: Optional[str], tensor: Any) -> Optional[str]:
     if name is not None or eager():
         return name
     source = getattr(tensor, "name", None) or "tensor"
+    if source.split(":")[0].isdigit():
+        # An eager tensor captured by the function: TF names it by the tensor's id, a
+        # count of the tensors this process made, which differs between ranks.
+        source = "captured"
     base = f"{kind}.{re.sub(r'[^A-Za-z0-9_./-]', '_', source)}"
     return tf.compat.v1.get_default_graph().unique_name(base, mark_as_used=True)
 

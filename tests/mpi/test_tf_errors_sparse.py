@@ -94,6 +94,22 @@ def test_grouped_and_mixed_lists_keep_their_order(mode: str, op: str) -> None:
                                       np.repeat(np.arange(n), rows))
 
 
+def test_unnamed_ops_on_captured_tensors_pair_up_when_ranks_made_different_tensors() -> None:
+    """TF names a captured eager tensor by its id, which counts the tensors the process
+    made: the derived op name must not depend on it (it differed, and the ranks waited
+    on differently named reductions until the stall timeout)."""
+    _ = [tf.ones([1]) for _ in range(3 * hvd.rank() + 1)]      # a different count a rank
+    captured = tf.fill([2], float(hvd.rank() + 1))
+
+    @tf.function
+    def step():  # type: ignore[no-untyped-def]
+        return hvd.grouped_allreduce([captured, tf.ones([3])], op=hvd.Sum)
+    first, second = step()
+    total = sum(range(1, hvd.size() + 1))
+    np.testing.assert_allclose(first.numpy(), np.full([2], total))
+    np.testing.assert_allclose(second.numpy(), np.full([3], hvd.size()))
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_grouped_allgather_gradient_is_the_ranks_mean_of_its_rows(mode: str) -> None:
     r, n = hvd.rank(), hvd.size()
