@@ -4,23 +4,17 @@ runs this file both ways), on torch: the same weights as the per-bucket-off path
 (one grouped op), bitwise identical across ranks."""
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-keras = pytest.importorskip("keras")
-if keras.backend.backend() == "tensorflow":
-    pytest.importorskip("tensorflow").config.threading.set_intra_op_parallelism_threads(1)
-else:
-    pytest.importorskip("torch").set_num_threads(1)
+from tests.mpi.keras_backend import keras
 
-import hvdlite.keras as hvd  # noqa: E402
-from hvdlite.api import runtime  # noqa: E402
-from hvdlite.api.control import reconfigure  # noqa: E402
-from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
+import hvdlite.keras as hvd
+from hvdlite.api import runtime
+from hvdlite.api.control import reconfigure
+from tests.mpi.conftest import assert_identical_everywhere
 
 
 @pytest.fixture

@@ -13,20 +13,14 @@ TensorFlow; make test also runs this file with KERAS_BACKEND=torch):
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-keras = pytest.importorskip("keras")
-if keras.backend.backend() == "tensorflow":
-    pytest.importorskip("tensorflow").config.threading.set_intra_op_parallelism_threads(1)
-else:
-    pytest.importorskip("torch").set_num_threads(1)
+from tests.mpi.keras_backend import keras
 
-import hvdlite.keras as hvd  # noqa: E402
+import hvdlite.keras as hvd
 
 ROWS, STEPS = 4, 4
 

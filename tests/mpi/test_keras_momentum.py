@@ -6,20 +6,14 @@ momentum * new_lr / old_lr on the step after a change and the momentum again
 afterwards (Horovod's formula)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-keras = pytest.importorskip("keras")
-if keras.backend.backend() == "tensorflow":
-    pytest.importorskip("tensorflow").config.threading.set_intra_op_parallelism_threads(1)
-else:
-    pytest.importorskip("torch").set_num_threads(1)
+from tests.mpi.keras_backend import keras
 
-import hvdlite.keras as hvd  # noqa: E402
+import hvdlite.keras as hvd
 
 MOMENTUM, LR, STEPS, EPOCHS, ROWS = 0.9, 0.5, 3, 4, 2
 FEATURES = np.array([1.0, 2.0, -3.0])   # every row: the gradient of mean(x @ w) is this
