@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -95,11 +96,14 @@ def _commit(state: hvd.elastic.TorchState) -> None:
     _after_commit(state)
 
 
-def _train_epochs(state: hvd.elastic.TorchState, data: _Data) -> None:
+def train_epochs(state: hvd.elastic.TorchState, data: _Data, epochs: int = EPOCHS,
+                 commit: Callable[[hvd.elastic.TorchState], None] = _commit) -> None:
+    """The epochs from ``state.epoch`` on: ``commit`` every second step and at each
+    epoch's end, the samples every rank trained on recorded in ``state.seen``."""
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=state.sampler)
     loss_fn = torch.nn.MSELoss()
     pause = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
-    for epoch in range(state.epoch, EPOCHS):
+    for epoch in range(state.epoch, epochs):
         for batch_idx, (x, y, index) in enumerate(loader):
             state.optimizer.zero_grad()
             loss_fn(state.model(x), y).backward()
@@ -108,10 +112,10 @@ def _train_epochs(state: hvd.elastic.TorchState, data: _Data) -> None:
             state.sampler.record_batch(batch_idx, BATCH)
             time.sleep(pause)
             if batch_idx % 2 == 1:
-                _commit(state)
+                commit(state)
         state.sampler.set_epoch(epoch + 1)
         state.epoch = epoch + 1
-        _commit(state)
+        commit(state)
 
 
 @hvd.elastic.run
@@ -119,7 +123,7 @@ def _train(state: hvd.elastic.TorchState, data: _Data) -> None:
     if hvd.rank() == 0:
         print(f"START commits={state._commits} epoch={state.epoch} "
               f"processed={state.sampler.processed_num}", flush=True)
-    _train_epochs(state, data)
+    train_epochs(state, data)
 
 
 def train() -> None:

@@ -21,18 +21,10 @@ import sys
 import torch
 
 import hvdlite.torch as hvd
+from tests.integration.elastic_jobs import _Data, train_epochs
 
 EPOCHS = 2
-SAMPLES = 48
-BATCH = 4          # per rank
 BASE_LR = 0.01     # per rank: the rate is BASE_LR * hvd.size()
-
-
-def _data() -> torch.utils.data.TensorDataset:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(SAMPLES, 6, generator=gen)
-    y = x @ torch.arange(1.0, 7.0).unsqueeze(1) + 0.5
-    return torch.utils.data.TensorDataset(x, y, torch.arange(SAMPLES))
 
 
 def _plan() -> dict[tuple[int, int], str]:
@@ -57,24 +49,11 @@ def _lr(state: hvd.elastic.TorchState) -> float:
 
 
 @hvd.elastic.run
-def _train(state: hvd.elastic.TorchState, data: torch.utils.data.Dataset) -> None:
+def _train(state: hvd.elastic.TorchState, data: _Data) -> None:
     if hvd.rank() == 0:
         print(f"START size={hvd.size()} commits={state._commits} epoch={state.epoch} "
               f"processed={state.sampler.processed_num} lr={_lr(state):g}", flush=True)
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=state.sampler)
-    loss_fn = torch.nn.MSELoss()
-    for epoch in range(state.epoch, EPOCHS):
-        for batch_idx, (x, y, index) in enumerate(loader):
-            state.optimizer.zero_grad()
-            loss_fn(state.model(x), y).backward()
-            state.optimizer.step()
-            state.seen.append([epoch] + hvd.allgather(index, name="seen").tolist())
-            state.sampler.record_batch(batch_idx, BATCH)
-            if batch_idx % 2 == 1:
-                _commit(state)
-        state.sampler.set_epoch(epoch + 1)
-        state.epoch = epoch + 1
-        _commit(state)
+    train_epochs(state, data, EPOCHS, _commit)
 
 
 def train() -> None:
@@ -84,7 +63,8 @@ def train() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(_data(), shuffle=True, seed=3)
+    data = _Data()
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, seen=[])
 
     def on_state_reset() -> None:
@@ -95,7 +75,7 @@ def train() -> None:
             print(f"RESET size={hvd.size()} commits={state._commits}", flush=True)
 
     state.register_reset_callbacks([on_state_reset])
-    _train(state, _data())
+    _train(state, data)
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     result = {"params": params.numpy().tobytes().hex(), "size": hvd.size(), "lr": _lr(state)}
     if hvd.rank() == 0:
