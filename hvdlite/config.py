@@ -151,21 +151,15 @@ class Config:
         "bytes, in the order backward produces them (the last, partial bucket at "
         "synchronize()): one engine round and one fused reduction per bucket instead of "
         "per gradient, whose Python overhead would otherwise compete with the backward "
-        "pass. 0 submits each GPU gradient as soon as it is ready, as CPU gradients are. "
-        "From the second step, also the size of the GPU gradient buckets (see "
-        "HVDLITE_BUCKET_BYTES; 0: the same size as host buckets).")
+        "pass. 0 submits each GPU gradient as soon as it is ready, as CPU gradients are.")
     bucket_bytes: int = _knob(
-        8 << 20, parse_bytes,
+        25 << 20, parse_bytes,
         "The torch DistributedOptimizer's gradient buckets, as DDP's: from the second step, "
         "each parameter's .grad is a view into a flat bucket of about this many bytes "
-        "on the host (HVDLITE_GPU_BUCKET_BYTES on a GPU; parameters in the order "
-        "backward produced their gradients in step 1, the first bucket 1 MiB so "
-        "communication starts early), and each full bucket is reduced in place by one "
-        "request, without packing or unpacking copies. 8 MiB rather than DDP's 25: "
-        "host buckets are let go of at zero_grad() and made again in backward, and "
-        "smaller ones fit the memory backward frees (peak memory below DDP's, same "
-        "speed; BENCHMARKS.md). 0 reduces each gradient on its own (the per-gradient "
-        "path, for comparison).")
+        "(parameters in the order backward produced their gradients in step 1, the "
+        "first bucket 1 MiB so communication starts early), and each full bucket is "
+        "reduced in place by one request, without packing or unpacking copies. 0 "
+        "reduces each gradient on its own (the per-gradient path, for comparison).")
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

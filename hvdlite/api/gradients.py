@@ -48,21 +48,18 @@ FIRST_BUCKET_BYTES = 1 << 20     # DDP's first bucket: starts communication earl
 
 
 def bucket_plan(nbytes: Sequence[int], kinds: Sequence[Hashable], order: Sequence[int],
-                cap: Union[int, Callable[[Hashable], int]],
-                first: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
+                cap: int, first: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
     """Gradient buckets, as positions: ``order`` cut into runs of one kind (dtype and
-    device), a new bucket past ``cap`` bytes (0: no cap; a function of the kind where
-    devices differ), the first one of each kind past ``min(first, cap)`` bytes. Every
-    framework's buckets are laid out here."""
-    cap_of = cap if callable(cap) else (lambda kind: cap)
+    device), a new bucket past ``cap`` bytes (0: no cap), the first one of each kind
+    past ``min(first, cap)`` bytes. Every framework's buckets are laid out here."""
+    first = min(first, cap) if cap else 0
     open_: dict[Hashable, list[int]] = {}
     sizes: dict[Hashable, int] = {}
     closed: set[Hashable] = set()         # kinds past their first bucket
     done: list[list[int]] = []
     for i in order:
         kind = kinds[i]
-        kind_cap = cap_of(kind)
-        limit = kind_cap if kind in closed else (min(first, kind_cap) if kind_cap else 0)
+        limit = cap if kind in closed else first
         bucket = open_.setdefault(kind, [])
         if bucket and limit and sizes[kind] + nbytes[i] > limit:
             done.append(bucket)

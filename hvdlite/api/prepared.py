@@ -24,7 +24,7 @@ from hvdlite.reduce_op import ReduceOp
 class PreparedAllreduce:
     """``allreduce_async_(tensor, name=name, ...)``, ready to resubmit every step."""
     __slots__ = ("_engine", "_set_id", "_desc", "_array", "_finish", "_adapter", "_tensor",
-                 "_layout", "name")
+                 "name")
 
     def __init__(self, adapter: TensorAdapter, tensor: Any, name: str, op: int,
                  prescale: float = 1.0, postscale: float = 1.0,
@@ -50,30 +50,11 @@ class PreparedAllreduce:
             call.mark(error)
             raise
         self._engine, self._set_id, self.name = call.engine, call.set_id, name
-        self._adapter = adapter
-        self._layout = (tuple(source.array.shape), source.array.dtype)
-        self._bind(tensor, source.array)
-
-    def _bind(self, tensor: Any, array: Any) -> None:
-        self._tensor, self._array = tensor, array
-        finish = returning(self._adapter, tensor, inplace=True)
+        self._array = source.array
+        self._adapter, self._tensor = adapter, tensor
+        finish = returning(adapter, tensor, inplace=True)
         gpu = self._desc.device != "cpu"
-        self._finish: Optional[Callable[[Any], Any]] = (
-            _unfenced(self._adapter, finish) if gpu else finish)
-
-    def rebind(self, tensor: Any) -> None:
-        """Reduce ``tensor`` from now on: new memory of the same shape, dtype and
-        device (a bucket allocated again after it was let go of)."""
-        array = self._adapter.to_array(tensor)
-        if (tuple(array.shape), array.dtype) != self._layout or not array.flags.c_contiguous:
-            raise UsageError(f"'{self.name}': a prepared allreduce of {self._layout} cannot "
-                             f"take a {tuple(array.shape)} {array.dtype} tensor")
-        self._bind(tensor, array)
-
-    def unbind(self) -> None:
-        """Let go of the tensor (its memory is freed with the caller's last reference);
-        ``rebind`` before the next ``submit``."""
-        self._tensor = self._array = self._finish = None
+        self._finish: Optional[Callable[[Any], Any]] = _unfenced(adapter, finish) if gpu else finish
 
     def submit(self) -> int:
         """Queue this step's reduction; returns its handle (see ``synchronize``)."""

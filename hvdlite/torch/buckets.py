@@ -1,11 +1,10 @@
 """Gradient buckets for the torch DistributedOptimizer, DDP's way.
 
 After the first step, the parameters are laid out in flat buckets of about
-HVDLITE_BUCKET_BYTES (8 MiB) on the host and HVDLITE_GPU_BUCKET_BYTES (25 MiB, as
-DDP's) on a GPU, the first 1 MiB so communication starts while most of backward
-is still to come, in the order backward produced their gradients in step 1
-(rank 0's order, so every rank agrees), parameters that had no gradient last, in
-reverse registration order. Each bucket holds one
+HVDLITE_BUCKET_BYTES (25 MiB; the first 1 MiB, so communication starts while
+most of backward is still to come), in the order backward produced their
+gradients in step 1 (rank 0's order, so every rank agrees), parameters that
+had no gradient last, in reverse registration order. Each bucket holds one
 dtype on one device; a ``groups=`` group is a bucket of its own. From then on
 every parameter's ``.grad`` is a view into its bucket: autograd accumulates
 straight into the bucket, and when a bucket's last gradient is ready one
@@ -15,12 +14,9 @@ copy: the averaged result is already in every ``.grad``.
 
 ``zero_grad(set_to_none=False)`` zeroes the buckets and keeps the views, so the
 next backward adds straight into them: no copy at all. ``zero_grad()`` (torch's
-default, ``set_to_none=True``) leaves ``.grad`` None as torch does, and the host
-buckets let their memory go: the forward pass that follows has it, so peak memory is that
-of training without buckets (DDP keeps its buckets through forward). At the next
-backward, a bucket is made again when its first gradient is ready; autograd makes
-a new tensor for each gradient, which the hook copies into its bucket, pointing
-``.grad`` at the view again: one copy per gradient, as DDP's
+default, ``set_to_none=True``) leaves ``.grad`` None as torch does; autograd then
+makes a new tensor for each gradient, which the hook copies into its bucket,
+pointing ``.grad`` at the view again: one copy per gradient, as DDP's
 ``gradient_as_bucket_view`` pays after the same call. Any other ``.grad`` that is
 not its view when its hook fires (assigned by the user) is copied in the same way.
 """
@@ -45,18 +41,14 @@ _FAILED = object()               # a bucket's handle after this rank failed it (
 
 
 def layout(params: Sequence[torch.Tensor], order: Sequence[int], cap: int,
-           groups: Sequence[Sequence[int]], gpu_cap: int = 0) -> list[list[int]]:
+           groups: Sequence[Sequence[int]]) -> list[list[int]]:
     """Parameter indices per bucket: each ``groups`` group its own buckets (one per
-    dtype and device), then the rest in ``order`` (see ``bucket_plan``): host buckets
-    of about ``cap`` bytes, GPU buckets of ``gpu_cap`` (``cap`` where 0)."""
+    dtype and device), then the rest in ``order`` (see ``bucket_plan``)."""
     nbytes = [p.numel() * p.element_size() for p in params]
     kinds = [(p.dtype, p.device) for p in params]
     grouped = {i for group in groups for i in group}
     buckets = [b for group in groups for b in bucket_plan(nbytes, kinds, list(group), 0)]
-
-    def cap_of(kind: tuple[torch.dtype, torch.device]) -> int:
-        return cap if kind[1].type == "cpu" else (gpu_cap or cap)
-    buckets += bucket_plan(nbytes, kinds, [i for i in order if i not in grouped], cap_of)
+    buckets += bucket_plan(nbytes, kinds, [i for i in order if i not in grouped], cap)
     return [b for b in buckets if b]
 
 
@@ -71,40 +63,22 @@ class Bucket:
         # Named by its parameters, which are named the same on every rank and differ
         # between two optimizers (a GAN's two): the engine caches it under this name.
         self.name = f"DistributedOptimizer.bucket.{index}.{names[0]}..{names[-1]}"
-        self.shapes = list(shapes)
-        self.flat: Optional[torch.Tensor] = None    # None while let go of (see release)
+        first = params[0]
+        total = sum(shape.numel() for shape in shapes)
+        self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
         self.views: list[torch.Tensor] = []
+        offset = 0
+        for shape in shapes:
+            self.views.append(self.flat[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
         self.waiting = len(params)     # gradients not ready yet this step
         self.handle: Any = None
         self.wire: Any = None          # the compressed copy on the wire, and its context
         self.prepared: Optional[PreparedAllreduce] = None
 
-    def allocate(self, zeros: bool) -> None:
-        """Make the flat buffer and its views. Without ``zeros`` its memory is left as
-        it comes: every slot is written (a gradient copied in, or zeros) before the
-        bucket is reduced."""
-        first, total = self.params[0], sum(shape.numel() for shape in self.shapes)
-        make = torch.zeros if zeros else torch.empty
-        flat = self.flat = make(total, dtype=first.dtype, device=first.device)
-        self.views, offset = [], 0
-        for shape in self.shapes:
-            self.views.append(flat[offset:offset + shape.numel()].view(shape))
-            offset += shape.numel()
-        if self.prepared is not None:
-            self.prepared.rebind(flat)
-
-    def release(self) -> None:
-        """zero_grad(set_to_none=True): let the buffer go, so that the next forward
-        pass has its memory (as it has without buckets); the next backward makes it
-        again. Gradients the caller still holds keep their memory alive."""
-        self.flat, self.views = None, []
-        if self.prepared is not None:
-            self.prepared.unbind()
-
     def adopt(self) -> None:
         """Copy each parameter's current gradient into the bucket and point ``.grad``
         at its view (once, when the buckets are made)."""
-        self.allocate(zeros=True)
         for p, view in zip(self.params, self.views):
             if p.grad is None:
                 p.grad = view
@@ -135,8 +109,6 @@ class Buckets:
     def ready(self, param: torch.Tensor) -> None:
         """A gradient is accumulated: count the pass, start the bucket when full."""
         bucket, slot = self.of[id(param)]
-        if bucket.flat is None:
-            bucket.allocate(zeros=False)
         view = bucket.views[slot]
         if param.grad is not view:
             grad = param.grad
@@ -191,8 +163,6 @@ class Buckets:
         their view holds (zeros after zero_grad), so every rank reduces every bucket."""
         for bucket in self.buckets:
             if bucket.handle is None:
-                if bucket.flat is None:
-                    bucket.allocate(zeros=False)
                 for slot, (p, view) in enumerate(zip(bucket.params, bucket.views)):
                     if p.grad is not view:
                         if p.grad is not None and p.grad.shape != view.shape:
@@ -223,16 +193,6 @@ class Buckets:
         self.started = []
         self._passes.clear()
 
-    def release(self) -> None:
-        """zero_grad(set_to_none=True): every host bucket lets its buffer go. CUDA
-        buckets stay (as DDP's do): the caching allocator keeps their memory anyway,
-        and freeing them while the engine's stream may still be ending a reduction
-        is ordered only through the framework stream's fence, not yet checked on a
-        device."""
-        for bucket in self.buckets:
-            if bucket.flat is not None and bucket.flat.device.type == "cpu":
-                bucket.release()
-
     @property
     def pending(self) -> bool:
         return bool(self.started)
@@ -240,10 +200,7 @@ class Buckets:
     def zero(self) -> None:
         """zero_grad(set_to_none=False): the gradients are zeros, and views again."""
         for bucket in self.buckets:
-            if bucket.flat is None:
-                bucket.allocate(zeros=True)
-            else:
-                bucket.flat.zero_()
+            bucket.flat.zero_()
             for p, view in zip(bucket.params, bucket.views):
                 if p.grad is not view:
                     p.grad = view
@@ -264,7 +221,7 @@ def _restore_view(param: torch.Tensor, view: torch.Tensor) -> None:
 
 def agree_layout(params: list[torch.Tensor], order: Sequence[int], sparse: Sequence[int],
                  cap: int, groups: Sequence[Sequence[int]],
-                 agree: Callable[[Any], Any], gpu_cap: int = 0) -> list[list[int]]:
+                 agree: Callable[[Any], Any]) -> list[list[int]]:
     """The buckets, as parameter positions, from rank 0's ``order`` and sparse
     parameters (``agree`` broadcasts them). The first step already negotiated every
     parameter by name, shape and dtype: ranks that got here train the same
@@ -272,7 +229,7 @@ def agree_layout(params: list[torch.Tensor], order: Sequence[int], sparse: Seque
     order, sparse = agree((list(order), sorted(sparse)))
     dense = set(range(len(params))) - set(sparse)
     return layout(params, [i for i in order if i in dense], cap,
-                  [[i for i in group if i in dense] for group in groups], gpu_cap)
+                  [[i for i in group if i in dense] for group in groups])
 
 
 def build(params: list[torch.Tensor], names: dict[int, str], plan: list[list[int]],

@@ -240,11 +240,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sparse = [index[k] for k in self._sparse_ids if k in index]
         groups = [[index[k] for k in members if k in index] for members in self._groups[1]]
         root = 0 if self._process_set is None else self._process_set.ranks[0]
-        config = runtime.config()
         plan = _buckets.agree_layout(
-            params, order, sparse, config.bucket_bytes, groups,
+            params, order, sparse, runtime.config().bucket_bytes, groups,
             lambda mine: _hvd.broadcast_object(mine, root, "DistributedOptimizer.buckets",
-                                               self._process_set), config.gpu_bucket_bytes)
+                                               self._process_set))
         self._layout = (plan, [p.shape for p in params])
         self._ready_order.clear()
 
@@ -297,9 +296,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As the wrapped optimizer's. With ``set_to_none=False``, bucketed gradients
         are zeroed in their buckets and stay views of them: the next backward adds
-        straight into the buckets. With None (torch's default), the buckets let their
-        memory go until the next backward, and each new gradient is copied into its
-        bucket when its hook fires (see buckets.py)."""
+        straight into the buckets. With None (torch's default), each new gradient is
+        copied into its bucket when its hook fires (see buckets.py)."""
         buckets = self._buckets
         pending = len(self._reducer.pending) + len(self._sparse_pending) + (
             len(buckets.started) if buckets is not None else 0)
@@ -313,8 +311,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._optimizer.zero_grad(set_to_none=set_to_none)
             if self._layout is not None:    # the gradients are gone (or zeros): make room
                 self._allocate_buckets(adopt=not set_to_none)
-            elif buckets is not None:       # forward gets the memory, as without buckets
-                buckets.release()
             return
         buckets.zero()
         for group in self._optimizer.param_groups:

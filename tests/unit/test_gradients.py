@@ -452,23 +452,3 @@ def test_buckets_cut_at_the_cap_the_first_one_small_and_by_kind() -> None:
     # No cap: one bucket per kind; a cap below the first bucket's size bounds it too.
     assert bucket_plan(sizes, kinds, range(len(sizes)), 0) == [list(range(len(sizes)))]
     assert bucket_plan([300, 300, 300], ["x"] * 3, range(3), 500) == [[0], [1], [2]]
-
-
-def test_each_device_cuts_its_buckets_at_its_own_cap() -> None:
-    """Host buckets at HVDLITE_BUCKET_BYTES, GPU ones at HVDLITE_GPU_BUCKET_BYTES (the
-    host cap where that is 0); "meta" tensors stand in for a GPU's here."""
-    torch = pytest.importorskip("torch")
-    from hvdlite.api.gradients import bucket_plan
-    from hvdlite.torch.buckets import layout
-    mib = 1 << 20
-    assert bucket_plan([mib] * 4, ["a", "b"] * 2, range(4),
-                       lambda kind: 0 if kind == "a" else mib // 2) == [[1], [0, 2], [3]]
-    floats = (2 * mib) // 4
-    params = [torch.empty(floats, device=device) for device in ["cpu", "meta"] * 6]
-    order = list(range(len(params)))
-    # Host (even positions) and "GPU" (odd), 2 MiB each: the first bucket of each
-    # closes at 1 MiB (one parameter), then at 4 MiB on the host and 8 MiB on the GPU.
-    assert layout(params, order, 4 * mib, [], gpu_cap=8 * mib) == [
-        [0], [1], [2, 4], [6, 8], [3, 5, 7, 9], [10], [11]]
-    assert layout(params, order, 4 * mib, [], gpu_cap=0) == [
-        [0], [1], [2, 4], [3, 5], [6, 8], [7, 9], [10], [11]]
