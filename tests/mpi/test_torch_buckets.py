@@ -151,11 +151,13 @@ def test_a_steady_step_is_one_submission_per_bucket(bucket_bytes) -> None:  # ty
     assert len(names) > 1 and sorted(submitted) == sorted(names * 2)
 
 
-@pytest.mark.parametrize("zero", ["set_to_none", "zeros", "model"])
+@pytest.mark.parametrize("zero", ["set_to_none", "zeros", "model", "alternating"])
 def test_every_way_of_zeroing_gives_the_same_training(zero: str, bucket_bytes) -> None:  # type: ignore[no-untyped-def]
     bucket_bytes(1000)
+    calls = iter(range(STEPS))      # alternating: to None, then zeros in place, ...
     zeroing = {"set_to_none": lambda o: o.zero_grad(),
                "zeros": lambda o: o.zero_grad(set_to_none=False),
+               "alternating": lambda o: o.zero_grad(set_to_none=next(calls) % 2 == 0),
                "model": None}[zero]
     models: list = []
 
