@@ -220,26 +220,26 @@ def _read_content(handle: BinaryIO, target: Path) -> tuple[dict[str, Encoded], i
     def take(count: int) -> bytes:
         data = handle.read(count)
         if len(data) != count:
-            raise _corrupt(target, f"it ends after {handle.tell()} bytes (truncated)")
+            raise unreadable(target, f"it ends after {handle.tell()} bytes (truncated)")
         digest.update(data)
         return data
 
     if take(len(MAGIC)) != MAGIC:
-        raise _corrupt(target, f"it does not start with {MAGIC!r}")
+        raise unreadable(target, f"it does not start with {MAGIC!r}")
     size = os.fstat(handle.fileno()).st_size
     (length,) = _LENGTH.unpack(take(_LENGTH.size))
     if length > size:
-        raise _corrupt(target, f"its header length {length} exceeds its size {size}")
+        raise unreadable(target, f"its header length {length} exceeds its size {size}")
     header = _parse_header(take(length), target)
     entries = {}
     for name, entry in header["entries"].items():
         lengths = entry["buffers"]
         if any(type(n) is not int or not 0 <= n <= size for n in lengths):
-            raise _corrupt(target, f"attribute {name!r} has bad buffer lengths")
+            raise unreadable(target, f"attribute {name!r} has bad buffer lengths")
         entries[name] = Encoded(entry["tree"], tuple(take(n) for n in lengths))
     expected = handle.read(_DIGEST_BYTES + 1)
     if expected != digest.digest():
-        raise _corrupt(target, "its SHA-256 does not match its content (truncated or "
+        raise unreadable(target, "its SHA-256 does not match its content (truncated or "
                        "changed after it was written)")
     return entries, header["commits"]
 
@@ -248,17 +248,18 @@ def _parse_header(text: bytes, target: Path) -> dict[str, Any]:
     try:
         header = json.loads(text)
     except ValueError as exc:
-        raise _corrupt(target, f"its header is not JSON ({exc})") from None
+        raise unreadable(target, f"its header is not JSON ({exc})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise _corrupt(target, f"its header is not of format {FORMAT}")
+        raise unreadable(target, f"its header is not of format {FORMAT}")
     entries = header.get("entries")
     if type(header.get("commits")) is not int or not isinstance(entries, dict) or any(
             not isinstance(e, dict) or not isinstance(e.get("buffers"), list)
             or "tree" not in e for e in entries.values()):
-        raise _corrupt(target, "its header lacks the commit count or the entries")
+        raise unreadable(target, "its header lacks the commit count or the entries")
     return header
 
 
-def _corrupt(target: Path, what: str) -> StateError:
+def unreadable(target: Path, what: str) -> StateError:
+    """The error for a committed state that cannot be read back (``what`` says why)."""
     return StateError(f"rank 0 cannot read the committed state {target}: {what}. Delete it "
                       "to start over, or restore it from a copy")

@@ -143,9 +143,7 @@ class State:
         try:
             self.restore()
         except codec.Malformed as exc:
-            raise StateError(f"rank 0 cannot read the committed state "
-                             f"{persist.state_path(directory)}: {exc}. Delete it to start "
-                             "over, or restore it from a copy") from exc
+            raise persist.unreadable(persist.state_path(directory), str(exc)) from exc
         self._commits = self._persisted = commits
         _log.info("resuming from commit %d in %s", commits, directory)
         return True
