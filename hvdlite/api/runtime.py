@@ -129,6 +129,16 @@ def engine(what: str = "this function") -> "Engine":
     return current
 
 
+def release_host_fusion_buffer() -> None:
+    """Give the engine's host fusion buffer back to the system; the next packed
+    reduction makes a new one. For a caller that knows its packed reductions are
+    over (gradients moving into buckets): the buffer would otherwise stay
+    resident, sized for traffic that no longer comes."""
+    current = RUNTIME.engine
+    if current is not None:
+        current.executor.fusion.release_host()
+
+
 def topology(what: str) -> "Topology":
     current = RUNTIME.topology
     if current is None:

@@ -37,7 +37,7 @@ class Executor:
         self.chain = BackendChain(config)
         self._complete = complete
         self._timeline = timeline
-        self._fusion = fusion.FusionBuffers(array_namespace)
+        self.fusion = fusion.FusionBuffers(array_namespace)
         self._fusion_work: dict[str, Work] = {}   # last work using each device's buffer
         self._plans: dict[Hashable, list[list[Response]]] = {}
         self._geometry: dict[int, tuple[int, int]] = {}   # set id -> (my rank, size) in the set
@@ -170,7 +170,7 @@ class Executor:
         previous = self._fusion_work.pop(device, None)
         if previous is not None and not getattr(previous, "ordered", False):
             previous.wait()          # stream-ordered work is behind us on the stream anyway
-        return self._fusion.view(device, dtype, count)
+        return self.fusion.view(device, dtype, count)
 
     # -- allreduce -------------------------------------------------------------
     def _allreduce_group(self, set_id: int, group: Sequence[Response],

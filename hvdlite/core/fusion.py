@@ -3,6 +3,7 @@ buffers they are packed into (one per device). Planning is pure and
 unit-tested without MPI."""
 from __future__ import annotations
 
+import mmap
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
@@ -65,10 +66,13 @@ class FusionBuffers:
     """One persistent byte buffer per device, viewed as whatever dtype a group
     reduces in.
 
-    Allocated once at the largest size asked for, and pre-faulted (zeros), so
+    Allocated once at the largest size asked for, and pre-faulted, so
     steady-state steps never page-fault a fresh temporary (the cause of
     MPI_Allreduce's slump at 64 MiB measured on this machine). ``xp_for``
-    gives the device's array namespace (NumPy, CuPy).
+    gives the device's array namespace (NumPy, CuPy). The host buffer is its
+    own memory map, not malloc's: malloc keeps a freed block of a few MiB in
+    its heap, so only a map gives the memory back when ``release_host`` lets
+    the buffer go.
     """
 
     def __init__(self, xp_for: Callable[[str], Any]) -> None:
@@ -79,5 +83,27 @@ class FusionBuffers:
         nbytes = count * np.dtype(dtype).itemsize
         raw = self._raw.get(device)
         if raw is None or nbytes > raw.nbytes:
-            raw = self._raw[device] = self._xp_for(device).zeros(nbytes, dtype=np.uint8)
+            raw = self._raw[device] = (
+                _prefaulted_host_bytes(nbytes) if device == "cpu"
+                else self._xp_for(device).zeros(nbytes, dtype=np.uint8))
         return raw[:nbytes].view(dtype)
+
+    def release_host(self) -> None:
+        """Let the host buffer go; the next fused reduction makes a new one.
+
+        Safe from any thread: the engine thread holds its own reference to a
+        buffer it is using (and so do the views of work in flight), so the map
+        is unmapped only once nothing uses it."""
+        self._raw.pop("cpu", None)
+
+    @property
+    def host_bytes(self) -> int:
+        raw = self._raw.get("cpu")
+        return 0 if raw is None else raw.nbytes
+
+
+def _prefaulted_host_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` zero bytes in a fresh anonymous map, every page touched."""
+    raw = np.frombuffer(mmap.mmap(-1, max(1, nbytes)), dtype=np.uint8)[:nbytes]
+    raw.fill(0)      # a map's pages are zeros already: writing them faults them in now
+    return raw

@@ -1,8 +1,8 @@
 """The torch DistributedOptimizer's gradient buckets (the default from the second
 step; HVDLITE_BUCKET_BYTES=0 is the per-gradient path): N ranks on 1/N of each
 batch match one process on the whole batch and the per-gradient path, every rank
-holds bitwise identical parameters, ``.grad`` is a view of its bucket, a step
-costs one submission per bucket, and each case the buckets must keep working
+holds bitwise identical parameters, ``.grad`` is a view of its bucket, the
+first step's fusion buffer is let go, a step costs one submission per bucket, and each case the buckets must keep working
 (accumulation, sparse gradients, compression, groups, missing gradients,
 zero_grad both ways, clipping, two optimizers) or refuse clearly (a parameter
 whose shape changed after step 1 fails every rank, naming it, without a hang)."""
@@ -124,6 +124,29 @@ def test_grads_are_views_of_the_buckets_after_the_first_step() -> None:
                for p in model.parameters())
     with optimizer.skip_synchronize():
         optimizer.step()
+
+
+def test_the_first_steps_fusion_buffer_is_let_go_when_the_buckets_are_made() -> None:
+    """Step 1 packs the small gradients; buckets never do, so the packed buffer goes
+    (its memory would sit beside the buckets at every later step's peak). Anything
+    packing afterwards gets a new buffer."""
+    fusion = runtime.engine().executor.fusion
+    model = _model()
+    optimizer = _distributed(model)
+    _loss(model, _batch(hvd.rank(), 0)).backward()
+    optimizer.step()
+    assert fusion.host_bytes > 0
+    optimizer.zero_grad()
+    assert optimizer._buckets is not None and fusion.host_bytes == 0
+    for step in range(1, STEPS):      # the buckets' steps
+        optimizer.zero_grad()
+        _loss(model, _batch(hvd.rank(), step)).backward()
+        optimizer.step()
+    assert fusion.host_bytes == 0
+    _assert_close(model, _one_process())
+    second = _train(_distributed, steps=1)    # a new optimizer's first step packs again
+    assert fusion.host_bytes > 0
+    _assert_close(second, _one_process(steps=1))
 
 
 def test_a_steady_step_is_one_submission_per_bucket(bucket_bytes) -> None:  # type: ignore[no-untyped-def]

@@ -229,14 +229,14 @@ def test_forgetting_plans_empties_the_memo() -> None:
 def test_the_fusion_buffer_is_reused_across_runs() -> None:
     def steps(me: Ranks) -> None:
         me.run(_group(me.rank, "abcdef"), responses_for(lambda r: _group(r, "abcdef")))
-        raw = me.executor._fusion._raw["cpu"]
+        raw = me.executor.fusion._raw["cpu"]
         assert raw.nbytes == 6 * 3 * 8
         for step in range(3):
             names = "xy" if step % 2 else "pqr"
             results = me.run(_group(me.rank, names), responses_for(lambda r: _group(r, names)))
             assert [results[n].tolist() for n in names] == \
                 [[float(2 * i + 1)] * 3 for i in range(len(names))]
-            assert me.executor._fusion._raw["cpu"] is raw
+            assert me.executor.fusion._raw["cpu"] is raw
     on_ranks(2, steps, allreduce="mpi")
 
 

@@ -2,6 +2,8 @@
 reduction (the key), how big a group may grow, and where each tensor sits."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -95,14 +97,46 @@ def test_buffers_grow_per_device_and_view_the_requested_dtype() -> None:
         return np
     buffers = fusion.FusionBuffers(xp_for)
     small = buffers.view("cpu", np.dtype(np.float32), 4)
-    assert small.dtype == np.float32 and small.shape == (4,)
+    assert small.dtype == np.float32 and small.shape == (4,) and not small.any()
     same = buffers.view("cpu", np.dtype(np.float64), 2)      # fits: no new allocation
-    assert np.shares_memory(small, same) and made == ["cpu"]
+    assert np.shares_memory(small, same) and buffers.host_bytes == 16
     grown = buffers.view("cpu", np.dtype(np.float64), 3)
-    assert grown.shape == (3,) and made == ["cpu", "cpu"]
+    assert grown.shape == (3,) and not np.shares_memory(small, grown)
+    assert buffers.host_bytes == 24 and made == []           # the host's is a map of its own
     other = buffers.view("cuda:0", np.dtype(np.int8), 5)
-    assert not np.shares_memory(other, grown) and made[-1] == "cuda:0"
+    assert not np.shares_memory(other, grown) and made == ["cuda:0"]
     assert not buffers.view("cpu", np.dtype(np.float32), 0).size
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_the_host_buffer_is_resident_when_made_and_gone_when_released() -> None:
+    """Pre-faulted, so a step never page-faults it; released, its memory goes back
+    to the system (a malloc'ed buffer of this size would stay in malloc's heap)."""
+    nbytes = 64 << 20
+    buffers = fusion.FusionBuffers(lambda device: np)
+    before = _resident_bytes()
+    view = buffers.view("cpu", np.dtype(np.float32), nbytes // 4)
+    made = _resident_bytes()
+    assert made - before > nbytes * 3 // 4
+    del view
+    buffers.release_host()
+    assert buffers.host_bytes == 0
+    assert made - _resident_bytes() > nbytes * 3 // 4
+
+
+def test_a_view_in_use_outlives_the_release() -> None:
+    buffers = fusion.FusionBuffers(lambda device: np)
+    in_use = buffers.view("cpu", np.dtype(np.int64), 4)
+    in_use[:] = [1, 2, 3, 4]
+    buffers.release_host()            # (from another thread while the engine reduces)
+    fresh = buffers.view("cpu", np.dtype(np.int64), 4)
+    fresh[:] = 0
+    assert in_use.tolist() == [1, 2, 3, 4] and not np.shares_memory(in_use, fresh)
 
 
 def test_min_max_product_tensors_are_fused_like_sums() -> None:
