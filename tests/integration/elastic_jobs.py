@@ -32,7 +32,7 @@ SAMPLES = 48
 BATCH = 4          # per rank
 
 
-class _Data(torch.utils.data.Dataset):
+class Data(torch.utils.data.Dataset):
     def __init__(self) -> None:
         gen = torch.Generator().manual_seed(1)
         self.x = torch.randn(SAMPLES, 6, generator=gen)
@@ -96,7 +96,7 @@ def _commit(state: hvd.elastic.TorchState) -> None:
     _after_commit(state)
 
 
-def train_epochs(state: hvd.elastic.TorchState, data: _Data, epochs: int = EPOCHS,
+def train_epochs(state: hvd.elastic.TorchState, data: Data, epochs: int = EPOCHS,
                  commit: Callable[[hvd.elastic.TorchState], None] = _commit) -> None:
     """The epochs from ``state.epoch`` on: ``commit`` every second step and at each
     epoch's end, the samples every rank trained on recorded in ``state.seen``."""
@@ -119,7 +119,7 @@ def train_epochs(state: hvd.elastic.TorchState, data: _Data, epochs: int = EPOCH
 
 
 @hvd.elastic.run
-def _train(state: hvd.elastic.TorchState, data: _Data) -> None:
+def _train(state: hvd.elastic.TorchState, data: Data) -> None:
     if hvd.rank() == 0:
         print(f"START commits={state._commits} epoch={state.epoch} "
               f"processed={state.sampler.processed_num}", flush=True)
@@ -133,7 +133,7 @@ def train() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    data = _Data()
+    data = Data()
     sampler = hvd.elastic.ElasticSampler(data, shuffle=os.environ.get("ELASTIC_SHUFFLE") == "1",
                                          seed=3)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, seen=[])

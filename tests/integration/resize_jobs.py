@@ -21,7 +21,7 @@ import sys
 import torch
 
 import hvdlite.torch as hvd
-from tests.integration.elastic_jobs import _Data, train_epochs
+from tests.integration.elastic_jobs import Data, train_epochs
 
 EPOCHS = 2
 BASE_LR = 0.01     # per rank: the rate is BASE_LR * hvd.size()
@@ -49,7 +49,7 @@ def _lr(state: hvd.elastic.TorchState) -> float:
 
 
 @hvd.elastic.run
-def _train(state: hvd.elastic.TorchState, data: _Data) -> None:
+def _train(state: hvd.elastic.TorchState, data: Data) -> None:
     if hvd.rank() == 0:
         print(f"START size={hvd.size()} commits={state._commits} epoch={state.epoch} "
               f"processed={state.sampler.processed_num} lr={_lr(state):g}", flush=True)
@@ -63,7 +63,7 @@ def train() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    data = _Data()
+    data = Data()
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, seen=[])
 

@@ -2,10 +2,11 @@
 step; HVDLITE_BUCKET_BYTES=0 is the per-gradient path): N ranks on 1/N of each
 batch match one process on the whole batch and the per-gradient path, every rank
 holds bitwise identical parameters, ``.grad`` is a view of its bucket, the
-first step's fusion buffer is let go, a step costs one submission per bucket, and each case the buckets must keep working
-(accumulation, sparse gradients, compression, groups, missing gradients,
-zero_grad both ways, clipping, two optimizers) or refuse clearly (a parameter
-whose shape changed after step 1 fails every rank, naming it, without a hang)."""
+first step's fusion buffer is let go, a step costs one submission per bucket,
+and each case the buckets must keep working (accumulation, sparse gradients,
+compression, groups, missing gradients, zero_grad both ways, clipping, two
+optimizers) or refuse clearly (a parameter whose shape changed after step 1
+fails every rank, naming it, without a hang)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
