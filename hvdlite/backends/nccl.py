@@ -6,7 +6,15 @@ MPI communicator (every member runs the same collective at the same point,
 so this is safe on the engine thread). NCCL refuses a communicator in which
 two ranks share a GPU; such a set is served by the staged backend instead,
 decided from an allgather of (host, GPU) so every member decides alike.
-Half types reduce natively; Average is a sum that the executor divides.
+Half types reduce natively.
+
+Average is always NCCL's Sum, divided afterwards by the executor: never NCCL's
+own ncclAvg. NCCL 2.28's ncclAvg, out of place on a one-rank communicator,
+leaves the tail of the output unwritten (stale memory at lengths that are not a
+multiple of its vector width: 3 of 1,048,579 elements; 1 of 4,913), while Sum
+in and out of place was right in every case measured. The division is the one
+every other backend does (``hvdlite.core.scaling.Scale``), so an Average means
+the same thing on every path.
 """
 from __future__ import annotations
 
@@ -40,9 +48,6 @@ if NCCL_AVAILABLE:
             ReduceOp.PRODUCT: nccl.NCCL_PROD}
 else:
     _TYPES, _OPS = {}, {}
-# NCCL's own average: NCCL 2.10+, and a CuPy that names it.
-_AVG = getattr(nccl, "NCCL_AVG", None) if NCCL_AVAILABLE and nccl.get_version() >= 21000 else None
-
 
 # Operations per NCCL group call: older NCCL releases refuse groups of more than 2048.
 _GROUP_OPS = 1024
@@ -50,7 +55,6 @@ _GROUP_OPS = 1024
 
 class NcclBackend:
     name = "nccl"
-    averages = _AVG is not None      # allreduce_many averages by itself
 
     def __init__(self, config: Any) -> None:
         self._mpi: dict[int, Any] = {}
@@ -109,14 +113,13 @@ class NcclBackend:
                        op: ReduceOp) -> Optional[StreamWork]:
         """Reduce each (input, output) pair, in one NCCL group (one launch, no fusion
         buffer); None where this set is staged (ranks share a GPU): the executor
-        then fuses as usual. Average is NCCL's own where it has one (``averages``):
-        for floats each rank's values are scaled by 1/size before the sum, as DDP
-        does, which equals the division after it up to rounding."""
+        then fuses as usual. Average is a Sum here, divided by the executor after
+        (see the module's docstring for why never ncclAvg)."""
         communicator = self._communicator(set_id)
         if communicator is None:
             return None
         stream = current_stream()
-        nccl_op = _AVG if op is ReduceOp.AVERAGE and self.averages else _OPS[op]
+        nccl_op = _OPS[op]
         for first in range(0, len(pairs), _GROUP_OPS):
             nccl.groupStart()
             try:

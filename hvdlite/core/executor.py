@@ -233,7 +233,7 @@ class Executor:
         """A backend that reduces many buffers in one call (NCCL's group calls: one
         launch) reduces each tensor from its input straight into its output, without
         copies through the fusion buffer (on a GPU each copy is a kernel launch, ~10 us
-        of Python); a backend that ``averages`` needs no division after. Decided from
+        of Python); Average is its Sum, divided here after. Decided from
         agreed fields only, so every rank takes the same path: not when a rank has
         joined (it would send zeros from no tensor), with a prescale, or in a widened
         dtype."""
@@ -245,8 +245,6 @@ class Executor:
         work = many(set_id, [(r.array, r.output) for r in requests], op) if many else None
         if work is None:
             return False
-        if op is ReduceOp.AVERAGE and getattr(backend, "averages", False):
-            postscale = Scale(postscale.factor, 1)      # the backend averaged
 
         def finish() -> None:
             for request in requests:

@@ -10,9 +10,17 @@ groupEnd run together at groupEnd, at most MAX_GROUP_OPS of them (older NCCL's
 limit); every rank must issue the same collectives in the same order, and sends
 must match receives; Reduce writes only the root's receive buffer, Broadcast
 reads only the root's send buffer; ncclAvg exists from NCCL 2.10 (it
-premultiplies floats by 1/n and divides integers after the sum). Not: reductions
-run in rank order, not in NCCL's ring order, and each group reads all its inputs
-before writing any output.
+premultiplies floats by 1/n and divides integers after the sum) and, as measured
+on NCCL 2.28.9 with one rank, out of place it leaves the output's elements past
+the last multiple of 16 unwritten (AVG_TAIL). Not: reductions run in rank order,
+not in NCCL's ring order, and each group reads all its inputs before writing any
+output.
+
+The ranks meet in ``_launch`` through their communicator's world, whose
+``exchange(rank, item)`` returns every rank's item: a barrier between threads
+here, an MPI allgather in tests/mpi/gpu_standin.py (which also swaps the memory
+model through ``use_memory``). What crosses it is plain data (``Sent`` records
+and arrays), so either transport can carry it.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import itertools
 import sys
 import threading
 import types
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import ml_dtypes
 import numpy as np
@@ -30,6 +38,7 @@ from tests.unit.fake_cupy import _local, current_device, hostname, resolve, stre
 
 TIMEOUT = 10.0
 MAX_GROUP_OPS = 2048          # operations one group call accepts (older NCCL releases)
+AVG_TAIL = 16                 # ncclAvg out of place on one rank writes whole blocks of this
 
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 _NCCL_TYPES = {0: np.dtype(np.int8), 1: np.dtype(np.uint8), 2: np.dtype(np.int32),
@@ -93,6 +102,28 @@ class _NcclWorld:
         self._barrier.abort()
 
 
+_memory: dict[str, Callable[[int, int, int], np.ndarray]] = {"resolve": resolve}
+
+
+def use_memory(resolve_bytes: Callable[[int, int, int], np.ndarray]) -> None:
+    """Read and write device memory through ``resolve_bytes(ptr, nbytes, device)``
+    (fake_cupy's fake addresses by default)."""
+    _memory["resolve"] = resolve_bytes
+
+
+class Sent(NamedTuple):
+    """What one rank tells the others of one of its operations."""
+    kind: str
+    count: int
+    datatype: int
+    op: int
+    root: int
+    peer: int
+
+    def signature(self) -> tuple:
+        return (self.kind, self.count, self.datatype, self.op, self.root)
+
+
 class _Op:
     def __init__(self, comm: "NcclCommunicator", kind: str, count: int, datatype: int,
                  stream: int, send: int = 0, recv: int = 0, op: int = -1,
@@ -109,19 +140,21 @@ class _Op:
         self.stream = stream_of(stream, comm.device)
         self.dtype = _NCCL_TYPES[datatype]
 
-    def signature(self) -> tuple:
-        return (self.kind, self.count, self.datatype, self.op, self.root)
+    def sent(self) -> Sent:
+        return Sent(self.kind, self.count, self.datatype, self.op, self.root, self.peer)
 
     def read(self, rank: int, device: int) -> Optional[np.ndarray]:
         """What this rank contributes (NCCL reads the root's buffer only, in a Broadcast)."""
         if self.kind == "recv" or self.kind == "broadcast" and rank != self.root:
             return None
-        raw = resolve(self.send, self.count * self.dtype.itemsize, device)
+        raw = _memory["resolve"](self.send, self.count * self.dtype.itemsize, device)
         return raw.view(self.dtype).copy()
 
-    def write(self, values: np.ndarray, device: int) -> None:
-        resolve(self.recv, self.count * self.dtype.itemsize, device)[...] = \
-            values.astype(self.dtype, copy=False).view(np.uint8)
+    def write(self, values: np.ndarray, device: int, upto: Optional[int] = None) -> None:
+        """Write ``values`` (their first ``upto`` elements only, if given)."""
+        target = _memory["resolve"](self.recv, self.count * self.dtype.itemsize, device)
+        written = values.astype(self.dtype, copy=False)[:upto].view(np.uint8)
+        target[:written.size] = written
 
 
 class NcclCommunicator:
@@ -193,51 +226,83 @@ def groupEnd() -> None:  # noqa: N802
             _launch(comm, [op for c, op in group if c is comm])
 
 
+class _Failed(NamedTuple):
+    """A rank's group that failed before it was exchanged (its message)."""
+    message: str
+
+
 def _launch(comm: NcclCommunicator, ops: list[_Op]) -> None:
-    """Run one rank's share of a group call: every rank's operations meet at once."""
+    """Run one rank's share of a group call: every rank's operations meet at once.
+    A rank whose operations cannot be read still takes part in the exchange, so
+    every rank fails at once (over MPI nothing else would wake the others)."""
+    failure: Optional[BaseException] = None
     try:
         if len(ops) > MAX_GROUP_OPS:
             raise NcclError(f"{len(ops)} operations in one group (at most {MAX_GROUP_OPS})")
-        mine = [(op, op.read(comm.rank, comm.device)) for op in ops]
-    except BaseException:
-        comm._world.abort()            # the other ranks fail now, not after TIMEOUT
-        raise
+        mine: Any = [(op.sent(), op.read(comm.rank, comm.device)) for op in ops]
+    except Exception as error:        # noqa: BLE001 (re-raised below, after the exchange)
+        failure, mine = error, _Failed(f"{type(error).__name__}: {error}")
     with _state.lock:
         _state.groups.append((comm.rank, len(ops)))
     everyone = comm._world.exchange(comm.rank, mine)
-    collectives = [[(op, data) for op, data in ops_ if op.kind not in ("send", "recv")]
-                   for ops_ in everyone]
-    signatures = {tuple(op.signature() for op, _ in c) for c in collectives}
+    if failure is not None:
+        raise failure
+    failed = [(rank, item.message) for rank, item in enumerate(everyone)
+              if isinstance(item, _Failed)]
+    if failed:
+        raise NcclError(f"rank {failed[0][0]}'s group failed: {failed[0][1]}")
+    _run_collectives(comm, ops, everyone)
+    _run_receives(comm, ops, everyone)
+
+
+def _run_collectives(comm: NcclCommunicator, ops: list[_Op],
+                     everyone: list[list[tuple[Sent, Any]]]) -> None:
+    collectives = [[(sent, data) for sent, data in items if sent.kind not in ("send", "recv")]
+                   for items in everyone]
+    signatures = {tuple(sent.signature() for sent, _ in c) for c in collectives}
     if len(signatures) != 1:
         raise NcclError(f"ranks issued different collectives: {sorted(signatures)}")
     _check_pairs(everyone)
-    for index, (op, _) in enumerate(collectives[comm.rank]):
+    mine = [op for op in ops if op.kind not in ("send", "recv")]
+    for index, op in enumerate(mine):
         inputs = [c[index][1] for c in collectives]
         if op.kind == "broadcast":
             op.write(inputs[op.root], comm.device)
         elif op.kind == "allreduce" or op.kind == "reduce" and comm.rank == op.root:
-            op.write(_reduce(inputs, op), comm.device)
+            op.write(_reduce(inputs, op), comm.device, _written(comm, op))
+
+
+def _written(comm: NcclCommunicator, op: _Op) -> Optional[int]:
+    """How many elements NCCL writes (None: all): ncclAvg out of place on a one-rank
+    communicator stops at the last whole block of AVG_TAIL (NCCL 2.28.9, measured)."""
+    if op.op == NCCL_AVG and comm.size == 1 and op.send != op.recv:
+        return op.count // AVG_TAIL * AVG_TAIL
+    return None
+
+
+def _run_receives(comm: NcclCommunicator, ops: list[_Op],
+                  everyone: list[list[tuple[Sent, Any]]]) -> None:
     received: dict[int, int] = {}                 # receives from each peer so far
     for op in ops:
         op.stream.log.append(("nccl", op.kind, op.count))
         if op.kind == "recv":
             nth = received[op.peer] = received.get(op.peer, -1) + 1
-            match, data = [(o, d) for o, d in everyone[op.peer]
-                           if o.kind == "send" and o.peer == comm.rank][nth]
+            match, data = [(sent, d) for sent, d in everyone[op.peer]
+                           if sent.kind == "send" and sent.peer == comm.rank][nth]
             if (match.count, match.datatype) != (op.count, op.datatype):
                 raise NcclError(f"rank {op.peer} sends {match.count} of type {match.datatype}, "
                                 f"rank {comm.rank} receives {op.count} of {op.datatype}")
             op.write(data, comm.device)
 
 
-def _check_pairs(everyone: list[list[tuple[_Op, Any]]]) -> None:
+def _check_pairs(everyone: list[list[tuple[Sent, Any]]]) -> None:
     """Each rank's sends to a peer are that peer's receives from it, one for one."""
     unmatched: dict[tuple[int, int], int] = {}
-    for rank, ops in enumerate(everyone):
-        for op, _ in ops:
-            pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
-            if op.kind in ("send", "recv"):
-                unmatched[pair] = unmatched.get(pair, 0) + (1 if op.kind == "send" else -1)
+    for rank, items in enumerate(everyone):
+        for sent, _ in items:
+            pair = (rank, sent.peer) if sent.kind == "send" else (sent.peer, rank)
+            if sent.kind in ("send", "recv"):
+                unmatched[pair] = unmatched.get(pair, 0) + (1 if sent.kind == "send" else -1)
     if any(unmatched.values()):
         raise NcclError(f"sends and receives do not match: {unmatched}")
 

@@ -62,16 +62,14 @@ class _StreamBackend:
         return self.works[-1]
 
     many = False        # whether allreduce_many serves (a set staged through the host: no)
-    averages = True
     many_calls: list[list[tuple[np.ndarray, np.ndarray]]] = []
 
     def allreduce_many(self, set_id: int, pairs: list, op: ReduceOp) -> Any:
         if not self.many:
             return None
         _StreamBackend.many_calls.append(pairs)
-        for source, target in pairs:     # two ranks with the same values
-            averaged = op is ReduceOp.AVERAGE and getattr(self, "averages", False)
-            target[...] = source if averaged else 2 * source
+        for source, target in pairs:     # two ranks with the same values, summed
+            target[...] = 2 * source
         self.works.append(_StreamWork())
         return self.works[-1]
 
@@ -318,15 +316,10 @@ def test_groups_the_backend_cannot_take_whole_are_fused(many: Any, case: str,
     assert completed[0][1].value.dtype == dtype
 
 
-@pytest.mark.parametrize("averages", [True, False, None])
-def test_a_backend_that_reduces_many_but_only_sums_is_divided_after(
-        many: Any, averages: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A backend averages only if it says so (None: it has no ``averages``)."""
+def test_a_backend_that_reduces_many_is_divided_after_for_average(many: Any) -> None:
+    """A backend's many-buffer call sums; Average is the executor's division after
+    it (never a library's own average: see hvdlite/backends/nccl.py)."""
     run, completed, _ = many
-    if averages is None:
-        monkeypatch.delattr(_StreamBackend, "averages")
-    else:
-        monkeypatch.setattr(_StreamBackend, "averages", averages)
     request = _allreduce("v", np.full(3, 3.0), ReduceOp.AVERAGE)
     request.desc = request.desc._replace(postscale=2.0)
     run.run(0, [Response(request.desc)], {"v": request})
