@@ -106,7 +106,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
 
     def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
                                 process_set: PS = None) -> submission.GroupHandle:
-        return c.grouped(allgather_async, tensors, name, "allgather", process_set)
+        return c.grouped(a, allgather_async, tensors, name, "allgather", process_set)
 
     def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                           process_set: PS = None) -> list[Any]:
@@ -158,7 +158,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                                     op: Optional[int] = None, process_set: PS = None,
                                     prescale_factor: float = 1.0,
                                     postscale_factor: float = 1.0) -> submission.GroupHandle:
-        return c.grouped(reducescatter_async, tensors, name, "reducescatter", process_set,
+        return c.grouped(a, reducescatter_async, tensors, name, "reducescatter", process_set,
                          op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor)
 

@@ -157,12 +157,37 @@ def _group_base(name: Optional[str], kind: str, process_set: Optional[ProcessSet
     return name or runtime.next_name(set_id, f"grouped_{kind}")[0]
 
 
-def grouped(submit: Callable[..., int], tensors: Sequence[Any], name: Optional[str],
-            kind: str, process_set: Optional[ProcessSet], **kwargs: Any) -> GroupHandle:
+def grouped(adapter: TensorAdapter, submit: Callable[..., int], tensors: Sequence[Any],
+            name: Optional[str], kind: str, process_set: Optional[ProcessSet],
+            **kwargs: Any) -> GroupHandle:
     """One op per tensor, named ``<base>.<i>``, in one round (one fused buffer, one
     ready event). If item i is refused, the items after it are marked as failed on
-    this rank, so peers fail them too."""
+    this rank, so peers fail them too; tensors on two devices refuse them all."""
     base = _group_base(name, kind, process_set)
+    _refuse_two_devices(adapter, tensors, base, kind, process_set)
+    return _grouped(submit, tensors, base, kind, process_set, **kwargs)
+
+
+def _refuse_two_devices(adapter: TensorAdapter, tensors: Sequence[Any], base: str, kind: str,
+                        process_set: Optional[ProcessSet]) -> None:
+    """A group runs on one device (one stream, one fused buffer, one ready event):
+    tensors on two devices are refused on every rank, each item marked as failed."""
+    placed = [(index, adapter.device(t)) for index, t in enumerate(tensors)
+              if adapter.is_tensor(t)]
+    other = next(((i, d) for i, d in placed if d != placed[0][1]), None)
+    if other is None:
+        return
+    error = UsageError(
+        f"grouped_{kind.rstrip('_')} '{base}' on rank {runtime.rank()}: tensor 0 is on "
+        f"{placed[0][1]} but tensor {other[0]} is on {other[1]}; a group runs on one device. "
+        "Move the tensors to one device, or make one group per device")
+    for index in range(len(tensors)):
+        Call(Kind(kind.rstrip("_")), f"{base}.{index}", process_set).mark(error)
+    raise error
+
+
+def _grouped(submit: Callable[..., int], tensors: Sequence[Any], base: str, kind: str,
+             process_set: Optional[ProcessSet], **kwargs: Any) -> GroupHandle:
     submissions = [(f"{base}.{index}",
                     functools.partial(submit, tensor, name=f"{base}.{index}",
                                       process_set=process_set, **kwargs))
@@ -178,11 +203,12 @@ def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
     where they qualify (``bundle.small_items``)."""
     kind = "allreduce_" if inplace else "allreduce"
     tensors = list(tensors)
+    base = _group_base(name, kind, process_set)
+    _refuse_two_devices(adapter, tensors, base, kind, process_set)
     small = bundle.small_items(adapter, tensors, kwargs.get("op"), kwargs.get("average"))
     if not small:
-        return grouped(submit_one, tensors, name, kind, process_set, **kwargs)
-    return bundle.grouped_allreduce(adapter, submit_one, tensors,
-                                    _group_base(name, kind, process_set), process_set,
+        return _grouped(submit_one, tensors, base, kind, process_set, **kwargs)
+    return bundle.grouped_allreduce(adapter, submit_one, tensors, base, process_set,
                                     inplace, small, **kwargs)
 
 

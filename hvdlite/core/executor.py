@@ -46,6 +46,7 @@ class Executor:
         # inputs it may still be reading (see _after).
         self._retiring: collections.deque[tuple[Work, Any]] = collections.deque()
         self.reductions = ReductionCount()      # HVDLITE_REPORT's gradients per step
+        self._devices: dict[str, str] = {}      # device type -> this rank's last device
 
     def reconfigure(self, config: Any) -> None:
         """Apply a negotiated settings change (same point on every rank)."""
@@ -172,11 +173,25 @@ class Executor:
             previous.wait()          # stream-ordered work is behind us on the stream anyway
         return self.fusion.view(device, dtype, count)
 
+    def _own_device(self, requests: Sequence[Optional[Request]], agreed: str) -> str:
+        """The device this rank runs a response on. A response carries the
+        coordinator's descriptor, whose device is rank 0's ("cuda:0"), while each
+        rank reduces on its own GPU ("cuda:3"): its own request says which. A rank
+        with no request in the group (it has joined) uses the last device of that
+        type it had."""
+        for request in requests:
+            if request is not None:
+                own = request.desc.device
+                if own != "cpu":
+                    self._devices[own.split(":", 1)[0]] = own
+                return own
+        return self._devices.get(agreed.split(":", 1)[0], agreed)
+
     # -- allreduce -------------------------------------------------------------
     def _allreduce_group(self, set_id: int, group: Sequence[Response],
                          requests: Sequence[Optional[Request]]) -> None:
         first = group[0]
-        device = first.desc.device
+        device = self._own_device(requests, first.desc.device)
         if device == "cpu":
             xp = np
         else:
@@ -190,7 +205,7 @@ class Executor:
         start = 0.0 if timeline is None else self._span(timeline, requests, "QUEUE", 0.0)
         self.reductions.add(len(group), sum(r.count for r in group) * wide.itemsize)
         if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
-                                                 postscale):
+                                                 postscale, device):
             return
         direct = _direct_target(requests, first.dtype, wide)
         if direct is not None:
@@ -229,7 +244,7 @@ class Executor:
 
     def _reduce_each(self, set_id: int, group: Sequence[Response],
                      requests: Sequence[Optional[Request]], xp: Any, wide: np.dtype,
-                     op: ReduceOp, postscale: Scale) -> bool:
+                     op: ReduceOp, postscale: Scale, device: str) -> bool:
         """A backend that reduces many buffers in one call (NCCL's group calls: one
         launch) reduces each tensor from its input straight into its output, without
         copies through the fusion buffer (on a GPU each copy is a kernel launch, ~10 us
@@ -240,7 +255,7 @@ class Executor:
         first = group[0]
         if first.desc.prescale != 1.0 or wide != first.dtype or any(r.joined for r in group):
             return False
-        backend = self.chain.pick("allreduce", first.dtype, first.desc.device, 0, op)
+        backend = self.chain.pick("allreduce", first.dtype, device, 0, op)
         many = getattr(backend, "allreduce_many", None)
         work = many(set_id, [(r.array, r.output) for r in requests], op) if many else None
         if work is None:
@@ -286,7 +301,7 @@ class Executor:
         return DONE, None, None   # BARRIER: agreement itself proves every rank arrived
 
     def _reducescatter(self, set_id: int, response: Response, request: Request) -> Started:
-        desc = response.desc
+        desc = request.desc          # this rank's own device (the response names rank 0's)
         rank, size = self._geometry[set_id]
         rows = desc.shape[0] if desc.shape else 1
         row_elems = int(np.prod(desc.shape[1:], dtype=np.int64))
