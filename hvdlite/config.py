@@ -160,6 +160,14 @@ class Config:
         "first bucket 1 MiB so communication starts early), and each full bucket is "
         "reduced in place by one request, without packing or unpacking copies. 0 "
         "reduces each gradient on its own (the per-gradient path, for comparison).")
+    one_rank_shortcut: bool = _knob(
+        True, parse_bool,
+        "On a process set of one rank a gradient is its own average, so "
+        "DistributedOptimizer (torch, TensorFlow, Keras) sends nothing and a one-GPU "
+        "run of a distributed script pays nothing per step. 0 turns that shortcut "
+        "off: every gradient then goes through the engine, the buckets and the "
+        "backend (NCCL on a GPU) exactly as on several ranks, so one GPU can test the "
+        "multi-GPU path (make gpu-check and the GPU bucket tests use it).")
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

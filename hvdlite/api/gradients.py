@@ -84,9 +84,10 @@ def check_settings(passes_per_step: int, op: int, predivide: float) -> None:
 def reduces_nothing(process_set: Optional[ProcessSet], predivide: float) -> bool:
     """A process set of one rank: the average (or sum) of a gradient is the gradient
     itself, so the optimizers reduce nothing, and a one-process run of a distributed
-    script has no collective in its train step."""
+    script has no collective in its train step (unless HVDLITE_ONE_RANK_SHORTCUT=0
+    asks for the multi-rank path on one rank)."""
     size = process_set.size() if process_set else runtime.size()
-    return size == 1 and predivide == 1.0
+    return size == 1 and predivide == 1.0 and runtime.config().one_rank_shortcut
 
 
 def scaled_op(op: int, predivide: float,

@@ -144,11 +144,6 @@ def _training_table(rounds: int, steps: int, name: str) -> None:
         if kind.startswith("hvdlite"):
             optimizer = hvd.DistributedOptimizer(optimizer,
                                                  named_parameters=model.named_parameters())
-            if kind == "hvdlite-nccl":
-                # On one rank the optimizer sends nothing (a gradient is its own mean);
-                # this row turns that shortcut off, so every gradient goes through the
-                # engine and NCCL as it would on several GPUs.
-                optimizer._reducer._alone = lambda: False
         elif kind == "ddp":
             model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
 
@@ -158,12 +153,17 @@ def _training_table(rounds: int, steps: int, name: str) -> None:
             optimizer.step()
         return step
 
+    from hvdlite.api.control import reconfigure
     steppers = {kind: stepper(kind) for kind in ("torch", "hvdlite", "hvdlite-nccl", "ddp")}
     samples: dict[str, list[float]] = {k: [] for k in steppers}
     for _ in range(rounds):
         for kind, step in steppers.items():
+            # hvdlite-nccl: HVDLITE_ONE_RANK_SHORTCUT=0, so on one rank every gradient
+            # still goes through the engine, the buckets and NCCL, as on several GPUs.
+            reconfigure(one_rank_shortcut=kind != "hvdlite-nccl")
             step()
             samples[kind].append(_per_call(step, steps))
+    reconfigure(one_rank_shortcut=True)
     base = statistics.median(samples["torch"])
     print(f"\nTraining step, {described}, world size {hvd.size()}: median (min-max) of "
           f"{rounds} rounds (hvdlite-nccl: every gradient bucket through the engine and NCCL, "

@@ -71,7 +71,8 @@ def _decoder() -> Any:
             self.norm, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+            # Positions on the ids' device: the GPU benchmark trains this model on CUDA.
+            x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
             for block in self.blocks:
                 x = block(x)
             return self.head(self.norm(x))

@@ -185,7 +185,17 @@ def test_optimizer_and_sync_batch_norm_on_gpu_match_one_process(gpu_path: str) -
     assert np.isfinite([p.sum().item() for p in distributed.parameters()]).all()
 
 
-def test_gradient_buckets_on_gpu_are_views_reduced_in_place(gpu_path: str) -> None:
+@pytest.fixture
+def multi_rank_path():  # type: ignore[no-untyped-def]
+    """HVDLITE_ONE_RANK_SHORTCUT=0: on one GPU the optimizer still makes its buckets
+    and reduces them through the engine and NCCL, as on several GPUs."""
+    reconfigure(one_rank_shortcut=False)
+    yield
+    reconfigure(one_rank_shortcut=True)
+
+
+def test_gradient_buckets_on_gpu_are_views_reduced_in_place(gpu_path: str,
+                                                            multi_rank_path: None) -> None:
     """From the second step each CUDA .grad is a view of a CUDA bucket, and N ranks
     on 1/N of the batch reach one process's parameters (float64)."""
     def make() -> "torch.nn.Module":

@@ -25,6 +25,15 @@ STEPS, ROWS = 4, 3
 TOLERANCE = 1e-12       # float64: only the order of the sums differs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _multi_rank_path() -> Iterator[None]:
+    """HVDLITE_ONE_RANK_SHORTCUT=0: at world size 1 (a single GPU machine) the
+    optimizer still makes its buckets and reduces them, as on several ranks."""
+    reconfigure(one_rank_shortcut=False)
+    yield
+    reconfigure(one_rank_shortcut=True)
+
+
 @pytest.fixture
 def bucket_bytes() -> Iterator[Callable[[int], None]]:
     """Set HVDLITE_BUCKET_BYTES for the optimizers a test makes (negotiated, so every
@@ -310,10 +319,17 @@ def test_a_parameter_whose_shape_changed_fails_every_rank_clearly() -> None:
         optimizer.step()
 
 
-def test_a_process_set_reduces_among_its_members_and_others_keep_their_own() -> None:
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_process_set_reduces_among_its_members_and_others_keep_their_own(
+        shortcut: bool) -> None:
     """Horovod's semantics: ranks outside the optimizer's set train on their own
-    gradients; the members' buckets reduce over the set only."""
+    gradients; the members' buckets reduce over the set only. A set of one rank
+    (the even ranks at -n 2) makes no buckets unless the one-rank shortcut is off."""
+    if hvd.size() == 1:
+        pytest.skip("at world size 1 the even ranks are the global set, which cannot be "
+                    "added again (Horovod refuses a duplicate set too)")
     evens = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    reconfigure(one_rank_shortcut=shortcut)
     try:
         model = _model()
         optimizer = hvd.DistributedOptimizer(
@@ -331,6 +347,8 @@ def test_a_process_set_reduces_among_its_members_and_others_keep_their_own() -> 
             (sum(_loss(reference, _batch(r, step)) for r in ranks) / len(ranks)).backward()
             plain.step()
         _assert_close(model, reference)
-        assert (optimizer._buckets is not None) == (evens.included() and evens.size() > 1)
+        made = evens.included() and (evens.size() > 1 or not shortcut)
+        assert (optimizer._buckets is not None) == made
     finally:
+        reconfigure(one_rank_shortcut=False)
         hvd.remove_process_set(evens)
