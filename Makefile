@@ -18,7 +18,7 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean
+.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check
 
 install: $(VENV)/.installed
 
@@ -59,7 +59,12 @@ NP3_TESTS := tests/mpi/test_scaling.py
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
 	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py
 
+# The GPU backends' multi-rank code (NCCL groups, offsets, roots; the staged path) on the
+# CPU stand-in for CuPy and NCCL (tests/standin): a process of its own per run, because
+# the stand-in takes the name cupy.
 test-mpi: install
+	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/standin
+	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/standin
 	$(RUN_LIMIT) $(MPIEXEC) -n 2 $(MPI_PYTEST) tests/mpi
 	$(RUN_LIMIT) $(MPIEXEC) -n 3 $(MPI_PYTEST) $(OVERLAP_TESTS) $(NP3_TESTS)
 	$(RUN_LIMIT) $(MPIEXEC) -n 4 $(MPI_PYTEST) tests/mpi
@@ -99,6 +104,14 @@ $(VENV)/.installed-mutate: $(VENV)/.installed
 
 mutate: $(VENV)/.installed-mutate
 	nice -n 10 $(PY) tests/mutation/mutate.py --workers $(WORKERS) $(MODULE)
+
+# On a GPU machine, with torch (CUDA), CuPy and mpi4py installed in GPU_PYTHON's environment
+# (pip install -e '.[mpich,torch,test,cuda13]'): the GPU tests and the differential test at
+# world size 1 (NCCL) and 2 (staged), bench gpu, one summary; HOROVOD_TESTS=<a Horovod
+# checkout> adds Horovod's test_torch.py at world size 1. About 3-5 minutes.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) tests/gpu_check.py
 
 bench: install
 	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
