@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,12 +36,14 @@ GPU_TESTS = ["tests/mpi/test_gpu_torch.py", "tests/mpi/test_differential.py",
 _SUMMARY = re.compile(r"=+ (.*(passed|failed|skipped|error).*) in [\d.]+s")
 
 
-def _mpiexec() -> str:
+def _mpiexec() -> list[str]:
+    """MPIEXEC (words, e.g. "mpirun --allow-run-as-root --oversubscribe"), else the
+    mpiexec beside this Python, else the one on PATH."""
     named = os.environ.get("MPIEXEC")
     if named:
-        return named
+        return shlex.split(named)
     beside = Path(sys.executable).with_name("mpiexec")
-    return str(beside) if beside.exists() else (shutil.which("mpiexec") or "mpiexec")
+    return [str(beside) if beside.exists() else (shutil.which("mpiexec") or "mpiexec")]
 
 
 def _run(title: str, command: list[str], limit: float, env: dict[str, str],
@@ -91,7 +94,7 @@ def _alias_package(directory: Path) -> None:
         (directory / name).write_text(text)
 
 
-def _horovod_step(mpiexec: str, env: dict[str, str], log: Path) -> Optional[tuple]:
+def _horovod_step(mpiexec: list[str], env: dict[str, str], log: Path) -> Optional[tuple]:
     checkout = os.environ.get("HOROVOD_TESTS")
     if not checkout:
         return None
@@ -102,26 +105,40 @@ def _horovod_step(mpiexec: str, env: dict[str, str], log: Path) -> Optional[tupl
         alias_env = {**env, "PYTHONPATH": f"{scratch}{os.pathsep}{ROOT}{os.pathsep}"
                      f"{env.get('PYTHONPATH', '')}"}
         return _run("Horovod test_torch.py, world size 1",
-                    [mpiexec, "-n", "1", sys.executable, "-m", "pytest", "-q", "-p",
+                    mpiexec + ["-n", "1", sys.executable, "-m", "pytest", "-q", "-p",
                      "no:cacheprovider", "--timeout", "120", str(test)], 240, alias_env, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _same_mpi(mpiexec: list[str], env: dict[str, str]) -> None:
+    """Two ranks must see a world of two: an mpiexec of one MPI starting a Python
+    whose mpi4py loads another makes two worlds of one, and every "two-rank" step
+    would test nothing."""
+    probe = "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"
+    done = subprocess.run(mpiexec + ["-n", "2", sys.executable, "-c", probe], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if done.stdout.split() != ["2", "2"]:
+        raise SystemExit(f"gpu-check: {' '.join(mpiexec)} -n 2 started ranks that see world sizes "
+                         f"{done.stdout.split()}: mpi4py loads another MPI than this mpiexec's. "
+                         "Point MPIEXEC at its mpiexec, or MPI4PY_LIBMPI at this MPI's libmpi.")
 
 
 def main() -> int:
     mpiexec = _mpiexec()
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    _same_mpi(mpiexec, env)
     log = Path(os.environ.get("GPU_CHECK_LOG", ROOT / "gpu-check.log"))
     log.write_text("")
     pytest = [sys.executable, "tests/mpi/run.py", "-q", "-p", "no:cacheprovider", "-s"]
     steps = [
         _run("GPU tests + differential, world size 1 (NCCL)",
-             [mpiexec, "-n", "1"] + pytest + GPU_TESTS, 150, env, log),
+             mpiexec + ["-n", "1"] + pytest + GPU_TESTS, 150, env, log),
         _run("GPU tests + differential, world size 2 (one GPU: staged)",
-             [mpiexec, "-n", "2"] + pytest + GPU_TESTS[:2], 150, env, log),
+             mpiexec + ["-n", "2"] + pytest + GPU_TESTS[:2], 150, env, log),
         _run("bench gpu, world size 1",
-             [mpiexec, "-n", "1", sys.executable, "-m", "hvdlite.bench", "gpu",
+             mpiexec + ["-n", "1", sys.executable, "-m", "hvdlite.bench", "gpu",
               "--rounds", "3", "--steps", "10"], 150, env, log),
     ]
     passed = all(outcome.startswith("ok") for _, outcome, _ in steps)
