@@ -29,15 +29,14 @@ import time
 from typing import Callable, Optional
 
 from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
-from hvdlite.errors import HostDiscoveryError
+from hvdlite.errors import ConfigError, HostDiscoveryError
+from hvdlite.runner.inputs import MAX_SLOTS, check_number, parse_entry, shown
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # An error report: hvdlite's "uncaught" header or a bare traceback, up to the exception line.
 _REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
                            r"^\[hvdlite\] rank \d+ of \d+ on \S+: uncaught ")
 _HEADER = re.compile(r"^\[hvdlite\] rank \d+ of \d+ on \S+: ")
-# A host name or address as the launchers take it (no spaces, no ':' or ',').
-_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
 # A discovery script that hangs must not hang the restart loop.
 _SCRIPT_TIMEOUT = 60.0
 
@@ -58,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        check_number("--start-timeout", args.start_timeout, "seconds", zero=False)
+    except ConfigError as exc:
+        p.error(str(exc))
     if not args.elastic:
         if args.min_np or args.host_discovery_script:
             p.error("--min-np and --host-discovery-script need --elastic")
@@ -72,21 +75,22 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def parse_hosts(script: str, text: str) -> list[tuple[str, int]]:
     """(host, slots) for each line of a discovery script's output ('host' or
-    'host:slots'; blank lines are skipped). A line that is neither raises
+    'host:slots'; blank lines are skipped). A line that is neither, or names a host
+    or a slot count the launcher cannot take (hvdlite.runner.inputs), raises
     HostDiscoveryError naming the script and the line: a typo must not become a
-    restart loop or a traceback from int()."""
+    restart loop, a traceback from int() or a launcher that hangs."""
     hosts = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
-        host, colon, slots = line.partition(":")
-        if not _HOST.match(host) or (colon and not slots.isdigit()) or (colon and int(slots) < 1):
+        try:
+            hosts.append(parse_entry(line))
+        except ConfigError as exc:
             raise HostDiscoveryError(
-                f"hvdliterun: {script} printed line {number} {raw!r}, which is not 'host' or "
-                "'host:slots' (a host name and a whole number of slots >= 1); fix the "
-                "script so that it prints one such line per usable host")
-        hosts.append((host, int(slots) if colon else 1))
+                f"hvdliterun: {script} printed line {number} {shown(raw)}, which is not "
+                f"'host' or 'host:slots' ({exc}); fix the script so that it prints one such "
+                f"line per usable host (slots from 1 to {MAX_SLOTS})") from None
     return hosts
 
 

@@ -1,0 +1,102 @@
+"""hvdliterun's inputs that used to hang or misuse the launcher (issue 34): slot and rank
+counts without bounds, host names that ssh takes for options, numbers that are not
+finite."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdlite.errors import ConfigError, HostDiscoveryError
+from hvdlite.runner import elastic, function, launch
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """hvdliterun's usage error for ``argv`` (exit code 2): its last line."""
+    with pytest.raises(SystemExit) as exited:
+        launch.main(argv + ["--dry-run", "python", "train.py"])
+    assert exited.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hosts,problem", [
+    ("localhost:99999999999999999999", "slots '99999999999999999999' is not between 1 and 4096"),
+    ("node1:4097", "slots '4097' is not between 1 and 4096"),
+    ("node1:0", "slots '0' is not between"),
+    ("node1:²", "slots '²' is not a whole number"),
+    ("-H:2", "host name '-H' begins with '-'"),
+    ("node1:2,-oProxyCommand=x", "host name '-oProxyCommand=x' begins with '-'"),
+    ("node 1:2", "host name 'node 1' has characters other than letters"),
+    ("node1:2,", "the host name is empty"),
+])
+def test_bad_host_list_is_a_usage_error_naming_it(hosts: str, problem: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    error = _refused(["-np", "2", f"--hosts={hosts}"], capsys)
+    assert error.startswith(f"hvdliterun: error: -H {hosts!r}: {problem}"), error
+    assert "e.g. -H node1:4,node2:4" in error
+    assert launch.main(["-np", "2", "-H", "node-1.example_a:4,10.0.0.2", "--dry-run", "x"]) == 0
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("node1:2\nlocalhost:99999999999999999999\n", "line 2 'localhost:99999999999999999999': "
+                                                  "slots '99999999999999999999' is not between"),
+    ("# nodes\nnode1 slots=2\n-H slots=2\n", "line 3 '-H slots=2': host name '-H' begins"),
+    ("node1 slots=0 max_slots=4\n", "line 1 'node1 slots=0 max_slots=4': slots '0'"),
+    ("node1 max_slots=99999\n", "line 1 'node1 max_slots=99999': slots '99999'"),
+    ("-oProxyCommand=x@node1\n", "user name '-oProxyCommand=x' is not a plain name"),
+    ("# no host here\n\n", "names no host"),
+])
+def test_bad_hostfile_is_a_usage_error_naming_the_line(
+        text: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(text)
+    error = _refused(["-np", "2", "--hostfile", str(hostfile)], capsys)
+    assert error.startswith(f"hvdliterun: error: --hostfile {hostfile} "), error
+    assert problem in error, error
+    # Both launchers' formats, comments and Open MPI's user@host pass.
+    hostfile.write_text("node1:4  # MPICH\nnode2 slots=4 max_slots=8\nme@node3\n")
+    assert launch.main(["-np", "2", "--hostfile", str(hostfile), "--dry-run", "x"]) == 0
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["-np", "-1"], "-np -1 is not between 1 and 1048576"),
+    (["-np", "99999999999999999999"], "-np 99999999999999999999 is not between 1 and"),
+    (["-np", "2", "--elastic", "--start-timeout", "nan"],
+     "--start-timeout nan is not a finite number of seconds > 0"),
+    (["-np", "2", "--elastic", "--start-timeout", "inf"], "--start-timeout inf is not a finite"),
+    (["-np", "2", "--elastic", "--start-timeout", "0"], "--start-timeout 0 is not a finite"),
+    (["-np", "2", "--stall-check-seconds", "nan"], "--stall-check-seconds nan is not a finite"),
+    (["-np", "2", "--stall-shutdown-seconds", "-1"], "--stall-shutdown-seconds -1 is not"),
+    (["-np", "2", "--cycle-time-ms", "inf"], "--cycle-time-ms inf is not a finite number of "
+                                             "milliseconds >= 0"),
+    (["-np", "2", "--fusion-threshold-mb", "nan"], "--fusion-threshold-mb nan is not a finite"),
+    (["-np", "2", "--mpiexec", "/dev/null"], "--mpiexec /dev/null is not an executable file"),
+])
+def test_counts_and_numbers_out_of_bounds_are_usage_errors(
+        argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    error = _refused(argv, capsys)
+    assert error.startswith(f"hvdliterun: error: {problem}"), error
+
+
+def test_hvdlite_run_refuses_a_bad_host_before_starting_anything(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="host name '-H' begins with '-'"):
+        function._command(2, "-H:2", None, None, sys.executable, str(tmp_path))
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("localhost:99999999999999999999", "slots '99999999999999999999' is not between 1 and 4096"),
+    ("-H:2", "host name '-H' begins with '-'"),
+    ("-oProxyCommand=x", "host name '-oProxyCommand=x' begins with '-'"),
+    ("localhost:4097", "slots '4097' is not between"),
+    ("localhost:²", "slots '²' is not a whole number"),
+])
+def test_discovery_line_out_of_bounds_names_the_script_and_line(line: str, problem: str) -> None:
+    with pytest.raises(HostDiscoveryError) as raised:
+        elastic.parse_hosts("discover.sh", f"node1:2\n{line}\n")
+    assert str(raised.value).startswith(
+        f"hvdliterun: discover.sh printed line 2 {line!r}, which is not 'host' or "
+        f"'host:slots' ({problem}"), raised.value
+    assert elastic.parse_hosts("s", "a:2\n\n b \n") == [("a", 2), ("b", 1)]
