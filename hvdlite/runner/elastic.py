@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Optional
+from typing import IO, Callable, Optional
 
 from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
 from hvdlite.errors import ConfigError, HostDiscoveryError
@@ -39,6 +39,8 @@ _REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
 _HEADER = re.compile(r"^\[hvdlite\] rank \d+ of \d+ on \S+: ")
 # A discovery script that hangs must not hang the restart loop.
 _SCRIPT_TIMEOUT = 60.0
+# The most of a script's stdout or stderr read: a host list is small.
+_SCRIPT_OUTPUT = 1 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,18 +122,46 @@ def discover(script: str, wanted: int, least: int, timeout: float) -> tuple[str,
 
 
 def _run_script(script: str) -> list[tuple[str, int]]:
-    try:
-        out = subprocess.run([script], capture_output=True, text=True, check=False,
-                             timeout=_SCRIPT_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} could not "
-                                 f"be run ({exc}); it must be an executable file that "
-                                 "prints 'host:slots' lines and exits 0") from exc
-    if out.returncode != 0:
-        detail = out.stderr.strip()[-500:] or "nothing on stderr"
+    """The hosts ``script`` prints, read once it has exited. Its output goes to files,
+    not pipes: a background process it leaves behind (a daemon, an ssh control master)
+    holds its stdout open, and reading a pipe to its end would wait for that process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            # Its own session: a script that hangs is killed with whatever it started.
+            child = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=err, start_new_session=True)
+        except OSError as exc:
+            raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} could "
+                                     f"not be run ({exc}); it must be an executable file that "
+                                     "prints 'host:slots' lines and exits 0") from exc
+        try:
+            code = child.wait(timeout=_SCRIPT_TIMEOUT)
+        except BaseException as exc:       # the timeout, or ^C while it runs
+            _kill_session(child)
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                raise
+            raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} did "
+                                     f"not exit within {_SCRIPT_TIMEOUT:g} s; it must print "
+                                     "'host:slots' lines and exit 0") from None
+        stdout, stderr = _read(out), _read(err)
+    if code != 0:
+        detail = stderr.strip()[-500:] or "nothing on stderr"
         raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} exited "
-                                 f"with code {out.returncode} ({detail}); it must exit 0")
-    return parse_hosts(script, out.stdout)
+                                 f"with code {code} ({detail}); it must exit 0")
+    return parse_hosts(script, stdout)
+
+
+def _kill_session(child: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:                        # already gone
+        pass
+    child.wait()
+
+
+def _read(handle: IO[bytes]) -> str:
+    handle.seek(0)
+    return handle.read(_SCRIPT_OUTPUT).decode("utf-8", "replace")
 
 
 def _listed(hosts: list[tuple[str, int]]) -> str:

@@ -1,9 +1,12 @@
 """hvdliterun's inputs that used to hang or misuse the launcher (issue 34): slot and rank
 counts without bounds, host names that ssh takes for options, numbers that are not
-finite."""
+finite, and a discovery script whose background child holds its stdout."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,63 @@ def test_discovery_line_out_of_bounds_names_the_script_and_line(line: str, probl
         f"hvdliterun: discover.sh printed line 2 {line!r}, which is not 'host' or "
         f"'host:slots' ({problem}"), raised.value
     assert elastic.parse_hosts("s", "a:2\n\n b \n") == [("a", 2), ("b", 1)]
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return script
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie (an orphan's zombie lingers where init does not reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def _gone_soon(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _end(pid_file: Path) -> None:
+    """Ends the background process a test script started, if it is still there."""
+    if pid_file.exists() and _alive(int(pid_file.read_text())):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_discovery_script_is_read_when_it_exits_not_at_eof(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background child holding stdout open used to time the script out."""
+    monkeypatch.setattr(elastic, "_SCRIPT_TIMEOUT", 3.0)
+    pid_file = tmp_path / "child.pid"
+    script = _script(tmp_path, f"echo localhost:2\nsleep 30 &\necho $! > {pid_file}\n"
+                               "echo node2:1")
+    try:
+        began = time.monotonic()
+        assert elastic._run_script(str(script)) == [("localhost", 2), ("node2", 1)]
+        assert time.monotonic() - began < 2.5
+        assert _alive(int(pid_file.read_text()))        # the script's child is its business
+    finally:
+        _end(pid_file)
+
+
+def test_discovery_script_that_hangs_is_killed_with_its_children(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(elastic, "_SCRIPT_TIMEOUT", 1.0)
+    pid_file = tmp_path / "child.pid"
+    script = _script(tmp_path, f"sleep 30 &\necho $! > {pid_file}\necho localhost:2\n"
+                               "exec sleep 30")
+    try:
+        with pytest.raises(HostDiscoveryError,
+                           match=f"the host discovery script {script} did not exit within 1 s"):
+            elastic._run_script(str(script))
+        assert _gone_soon(int(pid_file.read_text()))
+    finally:
+        _end(pid_file)
