@@ -24,15 +24,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from typing import IO, Callable, Optional
+from typing import IO, Callable
 
 from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
 from hvdlite.errors import ConfigError, HostDiscoveryError
 from hvdlite.runner.inputs import MAX_SLOTS, check_number, parse_entry, shown
+from hvdlite.runner.supervise import Supervisor
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # An error report: hvdlite's "uncaught" header or a bare traceback, up to the exception line.
 _REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
                            r"^\[hvdlite\] rank \d+ of \d+ on \S+: uncaught ")
@@ -188,7 +187,7 @@ def run_elastic(args: argparse.Namespace,
 
 def _attempts(args: argparse.Namespace,
               build_command: Callable[[argparse.Namespace], list[str]]) -> int:
-    runner = _Attempt()
+    runner, reports = Supervisor(), _Reports()
     code = 1
     # -np is the most ranks: each start takes what the discovery script offers then,
     # up to it, so a job that shrank when a host left grows again when it is back.
@@ -205,7 +204,7 @@ def _attempts(args: argparse.Namespace,
             if attempt and args.np != previous:
                 _say(f"hvdliterun: the world changes from {previous} to {args.np} rank(s) "
                      f"({args.hosts}); the job resumes from the last commit at that size")
-        code = runner.run(build_command(args))
+        code = runner.run(build_command(args), reports.filter)
         if code == 0 or code == PREEMPTED_EXIT_CODE or runner.interrupted:
             return code
         if attempt < args.max_restarts:
@@ -216,37 +215,15 @@ def _attempts(args: argparse.Namespace,
     return code
 
 
-class _Attempt:
-    """Runs one launch, forwarding signals; shows each distinct error report once."""
+class _Reports:
+    """Filters a launch's stderr: shows each distinct error report once."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
-        self.interrupted = False
-        self._child: Optional[subprocess.Popen[bytes]] = None
 
-    def run(self, command: list[str]) -> int:
-        previous = {s: signal.signal(s, self._forward) for s in _FORWARDED}
-        try:
-            self._child = subprocess.Popen(command, stderr=subprocess.PIPE)
-            reader = threading.Thread(target=self._filter, args=(self._child.stderr,),
-                                      daemon=True)
-            reader.start()
-            code = self._child.wait()
-            reader.join(timeout=5)
-            return code
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-    def _forward(self, signum: int, frame: object) -> None:
-        if signum != signal.SIGUSR1:
-            self.interrupted = True     # a user's ^C or the scheduler's kill: no restart
-        if self._child is not None and self._child.poll() is None:
-            self._child.send_signal(signum)
-
-    def _filter(self, stream: object) -> None:
+    def filter(self, stream: IO[bytes]) -> None:
         block: list[str] = []
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace")
             if block:
                 block.append(line)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from typing import Optional, Sequence
 
@@ -20,6 +19,7 @@ from hvdlite.runner import elastic
 from hvdlite.runner.inputs import check_hostfile, check_number, check_ranks, parse_host_list
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
                                      hosts_argument, library)
+from hvdlite.runner.supervise import Supervisor
 
 # flag -> (HVDLITE_ variable, conversion to the variable's unit)
 _KNOBS = {
@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(" ".join(_quote(part) for part in command))
         return 0
-    return subprocess.call(command)
+    return Supervisor().run(command)
 
 
 def _quote(part: str) -> str:
