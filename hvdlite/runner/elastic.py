@@ -24,22 +24,22 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from typing import Callable, Optional
+from typing import IO, Callable
 
 from hvdlite.elastic.preemption import PREEMPTED_EXIT_CODE
-from hvdlite.errors import HostDiscoveryError
+from hvdlite.errors import ConfigError, HostDiscoveryError
+from hvdlite.runner.inputs import MAX_SLOTS, check_number, parse_entry, shown
+from hvdlite.runner.supervise import Supervisor
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # An error report: hvdlite's "uncaught" header or a bare traceback, up to the exception line.
 _REPORT_START = re.compile(r"^Traceback \(most recent call last\)|"
                            r"^\[hvdlite\] rank \d+ of \d+ on \S+: uncaught ")
 _HEADER = re.compile(r"^\[hvdlite\] rank \d+ of \d+ on \S+: ")
-# A host name or address as the launchers take it (no spaces, no ':' or ',').
-_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]]+$")
 # A discovery script that hangs must not hang the restart loop.
 _SCRIPT_TIMEOUT = 60.0
+# The most of a script's stdout or stderr read: a host list is small.
+_SCRIPT_OUTPUT = 1 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        check_number("--start-timeout", args.start_timeout, "seconds", zero=False)
+    except ConfigError as exc:
+        p.error(str(exc))
     if not args.elastic:
         if args.min_np or args.host_discovery_script:
             p.error("--min-np and --host-discovery-script need --elastic")
@@ -72,21 +76,22 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def parse_hosts(script: str, text: str) -> list[tuple[str, int]]:
     """(host, slots) for each line of a discovery script's output ('host' or
-    'host:slots'; blank lines are skipped). A line that is neither raises
+    'host:slots'; blank lines are skipped). A line that is neither, or names a host
+    or a slot count the launcher cannot take (hvdlite.runner.inputs), raises
     HostDiscoveryError naming the script and the line: a typo must not become a
-    restart loop or a traceback from int()."""
+    restart loop, a traceback from int() or a launcher that hangs."""
     hosts = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
-        host, colon, slots = line.partition(":")
-        if not _HOST.match(host) or (colon and not slots.isdigit()) or (colon and int(slots) < 1):
+        try:
+            hosts.append(parse_entry(line))
+        except ConfigError as exc:
             raise HostDiscoveryError(
-                f"hvdliterun: {script} printed line {number} {raw!r}, which is not 'host' or "
-                "'host:slots' (a host name and a whole number of slots >= 1); fix the "
-                "script so that it prints one such line per usable host")
-        hosts.append((host, int(slots) if colon else 1))
+                f"hvdliterun: {script} printed line {number} {shown(raw)}, which is not "
+                f"'host' or 'host:slots' ({exc}); fix the script so that it prints one such "
+                f"line per usable host (slots from 1 to {MAX_SLOTS})") from None
     return hosts
 
 
@@ -116,18 +121,46 @@ def discover(script: str, wanted: int, least: int, timeout: float) -> tuple[str,
 
 
 def _run_script(script: str) -> list[tuple[str, int]]:
-    try:
-        out = subprocess.run([script], capture_output=True, text=True, check=False,
-                             timeout=_SCRIPT_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} could not "
-                                 f"be run ({exc}); it must be an executable file that "
-                                 "prints 'host:slots' lines and exits 0") from exc
-    if out.returncode != 0:
-        detail = out.stderr.strip()[-500:] or "nothing on stderr"
+    """The hosts ``script`` prints, read once it has exited. Its output goes to files,
+    not pipes: a background process it leaves behind (a daemon, an ssh control master)
+    holds its stdout open, and reading a pipe to its end would wait for that process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            # Its own session: a script that hangs is killed with whatever it started.
+            child = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=err, start_new_session=True)
+        except OSError as exc:
+            raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} could "
+                                     f"not be run ({exc}); it must be an executable file that "
+                                     "prints 'host:slots' lines and exits 0") from exc
+        try:
+            code = child.wait(timeout=_SCRIPT_TIMEOUT)
+        except BaseException as exc:       # the timeout, or ^C while it runs
+            _kill_session(child)
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                raise
+            raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} did "
+                                     f"not exit within {_SCRIPT_TIMEOUT:g} s; it must print "
+                                     "'host:slots' lines and exit 0") from None
+        stdout, stderr = _read(out), _read(err)
+    if code != 0:
+        detail = stderr.strip()[-500:] or "nothing on stderr"
         raise HostDiscoveryError(f"hvdliterun: the host discovery script {script} exited "
-                                 f"with code {out.returncode} ({detail}); it must exit 0")
-    return parse_hosts(script, out.stdout)
+                                 f"with code {code} ({detail}); it must exit 0")
+    return parse_hosts(script, stdout)
+
+
+def _kill_session(child: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:                        # already gone
+        pass
+    child.wait()
+
+
+def _read(handle: IO[bytes]) -> str:
+    handle.seek(0)
+    return handle.read(_SCRIPT_OUTPUT).decode("utf-8", "replace")
 
 
 def _listed(hosts: list[tuple[str, int]]) -> str:
@@ -154,7 +187,7 @@ def run_elastic(args: argparse.Namespace,
 
 def _attempts(args: argparse.Namespace,
               build_command: Callable[[argparse.Namespace], list[str]]) -> int:
-    runner = _Attempt()
+    runner, reports = Supervisor(), _Reports()
     code = 1
     # -np is the most ranks: each start takes what the discovery script offers then,
     # up to it, so a job that shrank when a host left grows again when it is back.
@@ -171,7 +204,7 @@ def _attempts(args: argparse.Namespace,
             if attempt and args.np != previous:
                 _say(f"hvdliterun: the world changes from {previous} to {args.np} rank(s) "
                      f"({args.hosts}); the job resumes from the last commit at that size")
-        code = runner.run(build_command(args))
+        code = runner.run(build_command(args), reports.filter)
         if code == 0 or code == PREEMPTED_EXIT_CODE or runner.interrupted:
             return code
         if attempt < args.max_restarts:
@@ -182,37 +215,15 @@ def _attempts(args: argparse.Namespace,
     return code
 
 
-class _Attempt:
-    """Runs one launch, forwarding signals; shows each distinct error report once."""
+class _Reports:
+    """Filters a launch's stderr: shows each distinct error report once."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
-        self.interrupted = False
-        self._child: Optional[subprocess.Popen[bytes]] = None
 
-    def run(self, command: list[str]) -> int:
-        previous = {s: signal.signal(s, self._forward) for s in _FORWARDED}
-        try:
-            self._child = subprocess.Popen(command, stderr=subprocess.PIPE)
-            reader = threading.Thread(target=self._filter, args=(self._child.stderr,),
-                                      daemon=True)
-            reader.start()
-            code = self._child.wait()
-            reader.join(timeout=5)
-            return code
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-    def _forward(self, signum: int, frame: object) -> None:
-        if signum != signal.SIGUSR1:
-            self.interrupted = True     # a user's ^C or the scheduler's kill: no restart
-        if self._child is not None and self._child.poll() is None:
-            self._child.send_signal(signum)
-
-    def _filter(self, stream: object) -> None:
+    def filter(self, stream: IO[bytes]) -> None:
         block: list[str] = []
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace")
             if block:
                 block.append(line)

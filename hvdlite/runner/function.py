@@ -36,7 +36,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
         env: Optional[dict[str, str]] = None) -> list[Any]:
     """Run ``func`` on ``np`` (or ``num_proc``) ranks and return its results by rank.
 
-    Raises UsageError for a function that cannot be found by reference, and
+    Raises UsageError for a function that cannot be found by reference or an input the
+    launcher cannot take (ConfigError: hosts, hostfile, np, mpiexec), and
     HvdliteError when the job fails (its output, with the traceback, is above).
     """
     count = num_proc if num_proc is not None else (np if np is not None else 1)
@@ -78,11 +79,14 @@ def _command(count: int, hosts: Optional[str], hostfile: Optional[str],
              mpiexec: Optional[str], python: str, folder: str) -> list[str]:
     from hvdlite.runner import launch
     argv = ["-np", str(count)]
-    argv += ["-H", hosts] if hosts else []
-    argv += ["--hostfile", hostfile] if hostfile else []
-    argv += ["--mpiexec", mpiexec] if mpiexec else []
+    # flag=value: a value beginning with '-' would be taken for a flag of its own
+    argv += [f"--hosts={hosts}"] if hosts else []
+    argv += [f"--hostfile={hostfile}"] if hostfile else []
+    argv += [f"--mpiexec={mpiexec}"] if mpiexec else []
     argv += [python, "-m", "hvdlite.runner.function", folder]
-    return launch.build_command(launch.parser().parse_args(argv))
+    args = launch.parser().parse_args(argv)
+    launch.check_arguments(args)        # ConfigError (a UsageError) names a bad input
+    return launch.build_command(args)
 
 
 def _result(folder: Path, rank: int) -> Any:

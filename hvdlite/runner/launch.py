@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 from typing import Optional, Sequence
 
+from hvdlite.errors import ConfigError
 from hvdlite.runner import elastic
+from hvdlite.runner.inputs import check_hostfile, check_number, check_ranks, parse_host_list
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
                                      hosts_argument, library)
+from hvdlite.runner.supervise import Supervisor
 
 # flag -> (HVDLITE_ variable, conversion to the variable's unit)
 _KNOBS = {
@@ -31,6 +33,9 @@ _KNOBS = {
     "log_level": ("HVDLITE_LOG_LEVEL", str),
     "report": ("HVDLITE_REPORT", str),
 }
+# Number flags -> their unit; each must be finite and >= 0 (0 means off where it can).
+_NUMBERS = {"fusion_threshold_mb": "MiB", "cycle_time_ms": "milliseconds",
+            "stall_check_seconds": "seconds", "stall_shutdown_seconds": "seconds"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,19 +68,30 @@ def build_command(args: argparse.Namespace) -> list[str]:
     launcher = find_launcher(args.mpiexec)
     env = {var: convert(getattr(args, flag)) for flag, (var, convert) in _KNOBS.items()
            if getattr(args, flag) is not None}
-    slots = _total_slots(args.hosts) if args.hosts else (None if args.hostfile else os.cpu_count())
+    slots = (sum(count for _, count in parse_host_list(args.hosts)) if args.hosts
+             else None if args.hostfile else os.cpu_count())
     return ([launcher.path, "-n", str(args.np)] + hosts_argument(launcher.flavor, args.hosts,
                                                                   args.hostfile)
             + flavor_flags(launcher.flavor, args.np, slots)
             + env_arguments(launcher.flavor, env) + list(args.command))
 
 
-def _total_slots(hosts: str) -> int:
-    total = 0
-    for entry in hosts.split(","):
-        _, _, slots = entry.partition(":")
-        total += int(slots) if slots else 1
-    return total
+def check_arguments(args: argparse.Namespace) -> None:
+    """ConfigError, naming the flag, for an input the launcher would choke or hang on
+    (hvdlite.runner.inputs): a rank or slot count out of bounds, a host name that is
+    not one, a number that is not finite."""
+    check_ranks("-np", args.np)
+    if args.hosts is not None:
+        parse_host_list(args.hosts)
+    if args.hostfile is not None:
+        check_hostfile(args.hostfile)
+    for flag, unit in _NUMBERS.items():
+        if getattr(args, flag) is not None:
+            check_number("--" + flag.replace("_", "-"), getattr(args, flag), unit)
+    if args.mpiexec is not None and not (os.path.isfile(args.mpiexec)
+                                         and os.access(args.mpiexec, os.X_OK)):
+        raise ConfigError(f"--mpiexec {args.mpiexec} is not an executable file; give the "
+                          "path of an mpiexec or mpirun, or leave --mpiexec out")
 
 
 def check() -> int:
@@ -105,19 +121,24 @@ def check() -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.check:
         return check()
-    if not args.np or not args.command:
-        parser().error("give -np N and a command, e.g. hvdliterun -np 2 python train.py")
-    elastic.check_arguments(parser(), args)
+    if args.np is None or not args.command:
+        p.error("give -np N and a command, e.g. hvdliterun -np 2 python train.py")
+    try:
+        check_arguments(args)
+    except ConfigError as exc:
+        p.error(str(exc))
+    elastic.check_arguments(p, args)
     command = build_command(args)
     if args.elastic and not args.dry_run:
         return elastic.run_elastic(args, build_command)
     if args.dry_run:
         print(" ".join(_quote(part) for part in command))
         return 0
-    return subprocess.call(command)
+    return Supervisor().run(command)
 
 
 def _quote(part: str) -> str:

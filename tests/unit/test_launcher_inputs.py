@@ -1,0 +1,165 @@
+"""hvdliterun's inputs that used to hang or misuse the launcher (issue 34): slot and rank
+counts without bounds, host names that ssh takes for options, numbers that are not
+finite, and a discovery script whose background child holds its stdout."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdlite.errors import ConfigError, HostDiscoveryError
+from hvdlite.runner import elastic, function, launch
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """hvdliterun's usage error for ``argv`` (exit code 2): its last line."""
+    with pytest.raises(SystemExit) as exited:
+        launch.main(argv + ["--dry-run", "python", "train.py"])
+    assert exited.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hosts,problem", [
+    ("localhost:99999999999999999999", "slots '99999999999999999999' is not between 1 and 4096"),
+    ("node1:4097", "slots '4097' is not between 1 and 4096"),
+    ("node1:0", "slots '0' is not between"),
+    ("node1:²", "slots '²' is not a whole number"),
+    ("-H:2", "host name '-H' begins with '-'"),
+    ("node1:2,-oProxyCommand=x", "host name '-oProxyCommand=x' begins with '-'"),
+    ("node 1:2", "host name 'node 1' has characters other than letters"),
+    ("node1:2,", "the host name is empty"),
+])
+def test_bad_host_list_is_a_usage_error_naming_it(hosts: str, problem: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    error = _refused(["-np", "2", f"--hosts={hosts}"], capsys)
+    assert error.startswith(f"hvdliterun: error: -H {hosts!r}: {problem}"), error
+    assert "e.g. -H node1:4,node2:4" in error
+    assert launch.main(["-np", "2", "-H", "node-1.example_a:4,10.0.0.2", "--dry-run", "x"]) == 0
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("node1:2\nlocalhost:99999999999999999999\n", "line 2 'localhost:99999999999999999999': "
+                                                  "slots '99999999999999999999' is not between"),
+    ("# nodes\nnode1 slots=2\n-H slots=2\n", "line 3 '-H slots=2': host name '-H' begins"),
+    ("node1 slots=0 max_slots=4\n", "line 1 'node1 slots=0 max_slots=4': slots '0'"),
+    ("node1 max_slots=99999\n", "line 1 'node1 max_slots=99999': slots '99999'"),
+    ("-oProxyCommand=x@node1\n", "user name '-oProxyCommand=x' is not a plain name"),
+    ("# no host here\n\n", "names no host"),
+])
+def test_bad_hostfile_is_a_usage_error_naming_the_line(
+        text: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(text)
+    error = _refused(["-np", "2", "--hostfile", str(hostfile)], capsys)
+    assert error.startswith(f"hvdliterun: error: --hostfile {hostfile} "), error
+    assert problem in error, error
+    # Both launchers' formats, comments and Open MPI's user@host pass.
+    hostfile.write_text("node1:4  # MPICH\nnode2 slots=4 max_slots=8\nme@node3\n")
+    assert launch.main(["-np", "2", "--hostfile", str(hostfile), "--dry-run", "x"]) == 0
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["-np", "-1"], "-np -1 is not between 1 and 1048576"),
+    (["-np", "99999999999999999999"], "-np 99999999999999999999 is not between 1 and"),
+    (["-np", "2", "--elastic", "--start-timeout", "nan"],
+     "--start-timeout nan is not a finite number of seconds > 0"),
+    (["-np", "2", "--elastic", "--start-timeout", "inf"], "--start-timeout inf is not a finite"),
+    (["-np", "2", "--elastic", "--start-timeout", "0"], "--start-timeout 0 is not a finite"),
+    (["-np", "2", "--stall-check-seconds", "nan"], "--stall-check-seconds nan is not a finite"),
+    (["-np", "2", "--stall-shutdown-seconds", "-1"], "--stall-shutdown-seconds -1 is not"),
+    (["-np", "2", "--cycle-time-ms", "inf"], "--cycle-time-ms inf is not a finite number of "
+                                             "milliseconds >= 0"),
+    (["-np", "2", "--fusion-threshold-mb", "nan"], "--fusion-threshold-mb nan is not a finite"),
+    (["-np", "2", "--mpiexec", "/dev/null"], "--mpiexec /dev/null is not an executable file"),
+])
+def test_counts_and_numbers_out_of_bounds_are_usage_errors(
+        argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    error = _refused(argv, capsys)
+    assert error.startswith(f"hvdliterun: error: {problem}"), error
+
+
+def test_hvdlite_run_refuses_a_bad_host_before_starting_anything(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="host name '-H' begins with '-'"):
+        function._command(2, "-H:2", None, None, sys.executable, str(tmp_path))
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("localhost:99999999999999999999", "slots '99999999999999999999' is not between 1 and 4096"),
+    ("-H:2", "host name '-H' begins with '-'"),
+    ("-oProxyCommand=x", "host name '-oProxyCommand=x' begins with '-'"),
+    ("localhost:4097", "slots '4097' is not between"),
+    ("localhost:²", "slots '²' is not a whole number"),
+])
+def test_discovery_line_out_of_bounds_names_the_script_and_line(line: str, problem: str) -> None:
+    with pytest.raises(HostDiscoveryError) as raised:
+        elastic.parse_hosts("discover.sh", f"node1:2\n{line}\n")
+    assert str(raised.value).startswith(
+        f"hvdliterun: discover.sh printed line 2 {line!r}, which is not 'host' or "
+        f"'host:slots' ({problem}"), raised.value
+    assert elastic.parse_hosts("s", "a:2\n\n b \n") == [("a", 2), ("b", 1)]
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return script
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie (an orphan's zombie lingers where init does not reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def _gone_soon(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _end(pid_file: Path) -> None:
+    """Ends the background process a test script started, if it is still there."""
+    if pid_file.exists() and _alive(int(pid_file.read_text())):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_discovery_script_is_read_when_it_exits_not_at_eof(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background child holding stdout open used to time the script out."""
+    monkeypatch.setattr(elastic, "_SCRIPT_TIMEOUT", 3.0)
+    pid_file = tmp_path / "child.pid"
+    script = _script(tmp_path, f"echo localhost:2\nsleep 30 &\necho $! > {pid_file}\n"
+                               "echo node2:1")
+    try:
+        began = time.monotonic()
+        assert elastic._run_script(str(script)) == [("localhost", 2), ("node2", 1)]
+        assert time.monotonic() - began < 2.5
+        assert _alive(int(pid_file.read_text()))        # the script's child is its business
+    finally:
+        _end(pid_file)
+
+
+def test_discovery_script_that_hangs_is_killed_with_its_children(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(elastic, "_SCRIPT_TIMEOUT", 1.0)
+    pid_file = tmp_path / "child.pid"
+    script = _script(tmp_path, f"sleep 30 &\necho $! > {pid_file}\necho localhost:2\n"
+                               "exec sleep 30")
+    try:
+        with pytest.raises(HostDiscoveryError,
+                           match=f"the host discovery script {script} did not exit within 1 s"):
+            elastic._run_script(str(script))
+        assert _gone_soon(int(pid_file.read_text()))
+    finally:
+        _end(pid_file)
