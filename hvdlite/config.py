@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,7 +33,10 @@ def parse_bytes(text: str) -> int:
     suffix = stripped[len(digits):]
     if suffix not in _SIZE_SUFFIXES:
         raise ValueError(f"unknown size suffix {suffix!r}")
-    value = int(float(digits) * _SIZE_SUFFIXES[suffix])
+    number = float(digits)
+    if not math.isfinite(number):   # int() of it would raise OverflowError, not ValueError
+        raise ValueError("a size must be a finite number")
+    value = int(number * _SIZE_SUFFIXES[suffix])
     if value < 0:
         raise ValueError("a size cannot be negative")
     return value
