@@ -86,3 +86,45 @@ def test_usable_outputs_start_and_the_check_creates_nothing(tmp_path: Path) -> N
     assert proc.returncode == 0, output
     assert "STARTED rank 0 created=[]" in output and "STARTED rank 1 created=[]" in output
     assert (report / "report.json").exists() and not state.parent.parent.exists(), output
+
+
+# -- paths that passed the check and then lost data (issue 34, item 1) ---------------------
+def _refusals(proc: subprocess.CompletedProcess[str], np: int) -> list[str]:
+    """Every rank's REFUSED line (asserting there is one per rank, and no start)."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "STARTED" not in output, output
+    lines = [next((l for l in proc.stdout.splitlines() if l.startswith(f"REFUSED rank {r}: ")),
+                  "") for r in range(np)]
+    assert all("OutputPathError: " in line for line in lines), output
+    return lines
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_dangling_symlinks_fail_init_on_every_rank(tmp_path: Path, np: int) -> None:
+    gone = tmp_path / "gone"
+    for name in ("report", "timeline.json", "state"):
+        (tmp_path / f"link-{name}").symlink_to(gone / name)
+    env = {"HVDLITE_REPORT": str(tmp_path / "link-report"),
+           "HVDLITE_TIMELINE": str(tmp_path / "link-timeline.json"),
+           "HVDLITE_ELASTIC_DIR": str(tmp_path / "link-state")}
+    for rank, line in enumerate(_refusals(run_job(np, env), np)):
+        assert f"rank {rank}: hvdlite.init()" in line, line
+        for variable, name in (("HVDLITE_REPORT", "report"), ("HVDLITE_ELASTIC_DIR", "state")):
+            link = tmp_path / f"link-{name}"
+            assert f"{variable}='{link}' cannot be used: {link} is a symbolic link to " \
+                   f"{gone / name}, which does not exist" in line, line
+        link = tmp_path / "link-timeline.json"
+        assert f"HVDLITE_TIMELINE='{link}' cannot be used: it is a symbolic link to " \
+               f"{gone / 'timeline.json'}, and its directory {gone} does not exist" in line, line
+    assert not gone.exists()                          # the check left nothing behind
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_a_fifo_timeline_fails_init_on_every_rank_without_blocking(tmp_path: Path,
+                                                                   np: int) -> None:
+    fifo = tmp_path / "timeline.fifo"
+    os.mkfifo(fifo)
+    for line in _refusals(run_job(np, {"HVDLITE_TIMELINE": str(fifo)}), np):
+        assert f"HVDLITE_TIMELINE='{fifo}' cannot be used: {fifo} is a FIFO, not a regular " \
+               "file" in line, line
+    assert sorted(os.listdir(tmp_path)) == ["timeline.fifo"]
