@@ -243,7 +243,8 @@ class Config:
         "", str,
         "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
         "atomically on commit() (temporary file, fsync, rename) and a restarted job "
-        "resumes from it. hvdliterun --elastic sets a fresh one per launch; the SLURM "
+        "resumes from it; a write that fails raises StateWriteError on every rank at that "
+        "commit. hvdliterun --elastic sets a fresh one per launch; the SLURM "
         "elastic template one per job id. Empty: commits stay in memory only.")
     elastic_persist_every: int = _knob(
         1, parse_positive_int,

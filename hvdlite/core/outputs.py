@@ -223,5 +223,6 @@ def agree(comm: Any, config: Any) -> set[str]:
 _WARN_CONSEQUENCE = {
     "HVDLITE_REPORT": "the report will fail to be written at shutdown",
     "HVDLITE_TIMELINE": "no timeline is written",
-    "HVDLITE_ELASTIC_DIR": "commits will fail when they are written to it",
+    "HVDLITE_ELASTIC_DIR": "the first commit written to it will raise StateWriteError on "
+                           "every rank",
 }

@@ -1,7 +1,9 @@
 """Outputs checked at init(), before the first step: a report directory, timeline
-file or elastic state directory that rank 0 cannot write fails hvd.init() on every
-rank with OutputPathError (no rank is left waiting), or only warns with
-HVDLITE_OUTPUT_CHECK=warn; usable paths pass without anything being created.
+file or elastic state directory that rank 0 cannot write (a dangling symbolic link
+and a FIFO timeline among them) fails hvd.init() on every rank with OutputPathError
+(no rank is left waiting), or only warns with HVDLITE_OUTPUT_CHECK=warn; usable
+paths pass, and the check leaves nothing behind. Later, a commit rank 0 cannot
+write fails every rank and the job.
 
 Paths that fail for root too (the tests may run as root, for whom permission bits
 do not count): a path under a regular file, an existing file given as a directory,
@@ -128,3 +130,20 @@ def test_a_fifo_timeline_fails_init_on_every_rank_without_blocking(tmp_path: Pat
         assert f"HVDLITE_TIMELINE='{fifo}' cannot be used: {fifo} is a FIFO, not a regular " \
                "file" in line, line
     assert sorted(os.listdir(tmp_path)) == ["timeline.fifo"]
+
+
+def test_a_commit_that_fails_later_fails_every_rank_and_the_job(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = run_job(2, {"HVDLITE_ELASTIC_DIR": str(state), "OUTPUTS_COMMITS": "3",
+                       "OUTPUTS_FULL_AT": "2"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "COMMITTED" not in output, output
+    for rank in range(2):
+        line = next((l for l in proc.stdout.splitlines()
+                     if l.startswith(f"COMMIT FAILED rank {rank}: ")), "")
+        assert f"StateWriteError: rank {rank}: commit 2 did not reach the disk" in line, output
+        assert f"{state / 'state.hvd'} (No space left on device)" in line, output
+        assert "HVDLITE_ELASTIC_DIR holds commit 1, which a restart resumes from" in line, \
+            output
+    from hvdlite.elastic import persist
+    assert persist.read(str(state))[1] == 1          # the last good commit stands
