@@ -14,7 +14,7 @@ import logging
 import queue
 from typing import Any, Callable, Iterable, Optional
 
-from hvdlite.elastic import codec, persist, preemption
+from hvdlite.elastic import codec, ledger, persist, preemption
 from hvdlite.elastic.codec import Encoded
 from hvdlite.errors import HostsUpdatedError, StateError, StateWriteError
 
@@ -78,6 +78,7 @@ class State:
         host updates and preemption. Collective: every rank calls it at the same step."""
         self.save()
         self._commits += 1
+        ledger.LEDGER.commits += 1
         every = _setting("elastic_persist_every", 1)
         if self._commits % every == 0:
             self.persist()
@@ -119,8 +120,11 @@ class State:
                     f"({type(exc).__name__}: {exc})")
         failure = self._bcast_object(failure)
         if failure is not None:
+            ledger.LEDGER.failed += 1
             raise StateWriteError(self._not_written(failure)) from cause
         self._persisted = self._commits
+        ledger.LEDGER.written += 1
+        ledger.LEDGER.on_disk = self._commits
 
     def _not_written(self, failure: str) -> str:
         held = ("no commit, so a restart starts from scratch" if not self._persisted
@@ -162,6 +166,7 @@ class State:
         except codec.Malformed as exc:
             raise persist.unreadable(persist.state_path(directory), str(exc)) from exc
         self._commits = self._persisted = commits
+        ledger.LEDGER.on_disk = commits
         _log.info("resuming from commit %d in %s", commits, directory)
         return True
 

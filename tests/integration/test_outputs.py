@@ -3,13 +3,15 @@ file or elastic state directory that rank 0 cannot write (a dangling symbolic li
 and a FIFO timeline among them) fails hvd.init() on every rank with OutputPathError
 (no rank is left waiting), or only warns with HVDLITE_OUTPUT_CHECK=warn; usable
 paths pass, and the check leaves nothing behind. Later, a commit rank 0 cannot
-write fails every rank and the job.
+write fails every rank and the job, and the job's end and its report say how many
+commits reached the disk.
 
 Paths that fail for root too (the tests may run as root, for whom permission bits
 do not count): a path under a regular file, an existing file given as a directory,
 a file in a missing directory. The job is tests/integration/outputs_job.py."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -147,3 +149,18 @@ def test_a_commit_that_fails_later_fails_every_rank_and_the_job(tmp_path: Path) 
             output
     from hvdlite.elastic import persist
     assert persist.read(str(state))[1] == 1          # the last good commit stands
+
+
+def test_the_report_and_the_summary_say_how_many_commits_reached_the_disk(
+        tmp_path: Path) -> None:
+    state, report = tmp_path / "state", tmp_path / "report"
+    proc = run_job(2, {"HVDLITE_ELASTIC_DIR": str(state), "HVDLITE_REPORT": str(report),
+                       "HVDLITE_ELASTIC_PERSIST_EVERY": "2", "OUTPUTS_COMMITS": "5"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    told = (f"elastic: 2 of 5 commits reached the disk (every 2nd: "
+            f"HVDLITE_ELASTIC_PERSIST_EVERY=2); HVDLITE_ELASTIC_DIR={state} holds commit 4")
+    assert proc.stdout.count(f"[hvdlite] {told}") == 1, output      # rank 0, at the end
+    assert told in (report / "report.txt").read_text()
+    written = json.loads((report / "report.json").read_text())["elastic"]
+    assert (written["commits"], written["written"], written["on_disk"]) == (5, 2, 4)
