@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,7 +33,10 @@ def parse_bytes(text: str) -> int:
     suffix = stripped[len(digits):]
     if suffix not in _SIZE_SUFFIXES:
         raise ValueError(f"unknown size suffix {suffix!r}")
-    value = int(float(digits) * _SIZE_SUFFIXES[suffix])
+    number = float(digits)
+    if not math.isfinite(number):   # int() of it would raise OverflowError, not ValueError
+        raise ValueError("a size must be a finite number")
+    value = int(number * _SIZE_SUFFIXES[suffix])
     if value < 0:
         raise ValueError("a size cannot be negative")
     return value
@@ -247,7 +251,8 @@ class Config:
         "", str,
         "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
         "atomically on commit() (temporary file, fsync, rename) and a restarted job "
-        "resumes from it. hvdliterun --elastic sets a fresh one per launch; the SLURM "
+        "resumes from it; a write that fails raises StateWriteError on every rank at that "
+        "commit. hvdliterun --elastic sets a fresh one per launch; the SLURM "
         "elastic template one per job id. Empty: commits stay in memory only.")
     elastic_persist_every: int = _knob(
         1, parse_positive_int,

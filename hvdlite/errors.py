@@ -82,8 +82,8 @@ class StateError(UsageError):
 
 class StateWriteError(StateError):
     """Writing the committed state to disk failed (a full disk, an I/O error); the
-    previous committed file is left as it was. ``State.persist`` logs it and
-    training goes on."""
+    previous committed file is left as it was. ``State.persist`` (so ``commit()``)
+    raises it on every rank, at that commit."""
 
 
 class HostDiscoveryError(UsageError):

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from hvdlite.api import runtime
 from hvdlite.core.recorder import StepRecorder
+from hvdlite.elastic import ledger
 from hvdlite.errors import HvdliteError
 
 _log = logging.getLogger("hvdlite")
@@ -121,7 +122,8 @@ def local_record(recorder: StepRecorder, gpu: GpuSampler) -> dict[str, Any]:
     return {"rank": runtime.rank(), "host": socket.gethostname(), **recorder.window(),
             "other_calls": recorder.other_calls, "total_bytes_sent": sent,
             "total_bytes_received": received, "rss_peak_bytes": int(rss),
-            "gpu_mem_peak_bytes": gpu.mem_peak, "gpu_util": gpu.util(), "gpu_note": gpu.note}
+            "gpu_mem_peak_bytes": gpu.mem_peak, "gpu_util": gpu.util(), "gpu_note": gpu.note,
+            "elastic": ledger.snapshot(runtime.engine().config)}
 
 
 def finish(recorder: StepRecorder, gpu: GpuSampler, directory: str) -> None:

@@ -22,6 +22,7 @@ import statistics
 from typing import Any, Optional, Sequence
 
 from hvdlite.api import scaling_model
+from hvdlite.elastic import ledger
 from hvdlite.errors import ConfigError
 
 STRAGGLER_MIN_GAP_S = 0.005     # below 5 ms per step, scheduling noise on a shared host
@@ -43,6 +44,8 @@ STRAGGLER_RULE = (
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The report.json document from every rank's record (api.report.local_record)."""
     ranks = [_derive(dict(r)) for r in sorted(records, key=lambda r: r["rank"])]
+    # Every rank counts the same commits (they agree on each write): rank 0's stands.
+    elastic = [r.pop("elastic", None) for r in ranks]
     _attribute_waiting(ranks)
     measured = [r for r in ranks if r["steps"]]
     gaps = straggler_gaps(measured)
@@ -55,6 +58,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "np": len(ranks), "ranks": ranks, "stragglers": stragglers,
         "straggler_gap_s": {str(rank): gaps[rank] for rank in stragglers},
         "straggler_rule": STRAGGLER_RULE, "comm_share": comm_share, "memory": memory,
+        "elastic": elastic[0] if elastic else None,
     }
     summary["verdict"] = verdict(summary, gaps)
     summary["forecast"] = forecast(summary)
@@ -204,6 +208,8 @@ def _findings(summary: dict[str, Any]) -> list[str]:
     if any(r.get("bytes_estimated") for r in ranks):
         lines.append("bytes: partly estimated (MPI's own collectives, whose algorithm MPI "
                      "chooses, count what a bandwidth-optimal algorithm moves)")
+    if summary.get("elastic"):
+        lines.append(ledger.describe(summary["elastic"]))
     lines.append(_forecast_line(summary.get("forecast") or {}))
     lines.append(f"verdict: {summary['verdict']}")
     return lines

@@ -67,20 +67,23 @@ NETWORKS: dict[str, Link] = {link.name: link for link in (
 )}
 
 
-def network(name: str) -> Link:
-    """A named link, or a ConfigError listing the names."""
+def network(name: str, flag: str = "--network") -> Link:
+    """A named link, or a ConfigError naming ``flag`` (the option that gave the name)
+    and listing the names."""
     for known, link in NETWORKS.items():
         if known.lower() == name.strip().lower():
             return link
-    raise ConfigError(f"--network {name!r} is not a network the forecast knows; use one of "
-                      f"{', '.join(NETWORKS)}, or give --bandwidth (GB/s) and --latency (us)")
+    instead = ", or give --bandwidth (GB/s) and --latency (us)" if flag == "--network" else ""
+    raise ConfigError(f"{flag} {name!r} is not a network the forecast knows; use one of "
+                      f"{', '.join(NETWORKS)}{instead}")
 
 
 def custom_link(bandwidth_gbs: float, latency_us: float, name: str = "custom") -> Link:
-    if not bandwidth_gbs > 0:
-        raise ConfigError(f"--bandwidth must be above 0 GB/s, got {bandwidth_gbs}")
-    if not latency_us >= 0:
-        raise ConfigError(f"--latency cannot be negative, got {latency_us} us")
+    if not (math.isfinite(bandwidth_gbs) and bandwidth_gbs > 0):
+        raise ConfigError(f"--bandwidth must be a finite number above 0 (GB/s), got "
+                          f"{bandwidth_gbs}")
+    if not (math.isfinite(latency_us) and latency_us >= 0):
+        raise ConfigError(f"--latency must be a finite number, 0 or more (us), got {latency_us}")
     return Link(name, bandwidth_gbs * 1e9, latency_us * 1e-6, "given")
 
 
@@ -144,16 +147,25 @@ class Workload:
     def check(self) -> "Workload":
         for field, what, ok, wanted, flag in _CHECKS:
             value = getattr(self, field)
-            if value is not None and not ok(value):
-                raise ConfigError(f"the workload's {what} must be {wanted}; got {value!r} "
-                                  f"(give {flag})")
+            if value is not None and not (is_number(value) and ok(value)):
+                raise ConfigError(f"the workload's {what} must be {wanted}, a finite "
+                                  f"number; got {value!r} (give {flag})")
         return self
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float. Not a bool (JSON's true would count as 1 second of
+    compute), not NaN (it fails every comparison, so no range check would refuse it),
+    not infinity (the bucket count would overflow)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 # Workload field, what it is, the test, what it must be, the flag that sets it.
 _CHECKS: tuple[tuple[str, str, Callable[[Any], bool], str, str], ...] = (
     ("compute_s", "compute time per step (s)", lambda v: v > 0, "above 0", "--compute-ms"),
-    ("grad_bytes", "gradient bytes", lambda v: v >= 0, "0 or more", "--grad-bytes"),
+    ("grad_bytes", "gradient bytes", lambda v: v >= 0, "0 or more",
+     "--grad-bytes or --params"),
     ("buckets", "buckets", lambda v: v >= 1, "at least 1", "--buckets or --tensors"),
     ("fusion_bytes", "fusion threshold", lambda v: v > 0, "above 0", "--fusion-bytes"),
     ("backward_share", "backward share", lambda v: 0 < v <= 1, "in (0, 1]",
@@ -216,7 +228,7 @@ def workload_from_report(report: Any, source: str = "report.json", **given: Any)
         raise ConfigError(f"{source} has no 'ranks' list: it is not an HVDLITE_REPORT "
                           "report.json; pass the report.json a run wrote, or give "
                           "--compute-ms and --grad-bytes instead")
-    measured = [r for r in ranks if isinstance(r, dict) and r.get("steps")]
+    measured = [r for r in ranks if isinstance(r, dict) and _steps(r, source)]
     if not measured:
         raise ConfigError(f"{source} recorded no optimizer steps (at least two steps of "
                           "a DistributedOptimizer are needed); train longer, or give "
@@ -225,7 +237,8 @@ def workload_from_report(report: Any, source: str = "report.json", **given: Any)
     for name, (field, what, flag) in REPORT_FIELDS.items():
         if field in given:
             continue
-        found = sorted(r[name] for r in measured if isinstance(r.get(name), (int, float)))
+        found = sorted(_field(r, name, what, flag, source) for r in measured
+                       if r.get(name) is not None)
         if len(found) < len(measured):
             if name == "step_time_sd_s":
                 continue            # older reports: no spread, no wait for the slowest
@@ -241,3 +254,23 @@ def workload_from_report(report: Any, source: str = "report.json", **given: Any)
     if "buckets" not in given:
         fields["buckets"] = max(1, round(fields["buckets"]))
     return Workload(**fields).check()
+
+
+def _steps(record: dict[str, Any], source: str) -> int:
+    """The optimizer steps a rank's record counts: a whole number, 0 or more."""
+    steps = record.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"{source}: rank {record.get('rank', '?')}'s 'steps' is {steps!r}, "
+                          "not a whole number of optimizer steps (0 or more): the file was "
+                          "changed by hand or damaged; use the report.json a run wrote")
+    return steps
+
+
+def _field(record: dict[str, Any], name: str, what: str, flag: str, source: str) -> float:
+    """A rank's measured ``name``: a finite number, else a ConfigError naming it."""
+    value = record[name]
+    if not is_number(value):
+        raise ConfigError(f"{source}: rank {record.get('rank', '?')}'s '{name}' is {value!r}, "
+                          f"not a finite number ({what}): the file was changed by hand or "
+                          f"damaged; use the report.json a run wrote, or give {flag}")
+    return value

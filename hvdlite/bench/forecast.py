@@ -23,6 +23,7 @@ from hvdlite.config import parse_bytes
 from hvdlite.errors import ConfigError
 
 DEFAULT_NETWORKS = ("25GbE", "100GbE", "IB-HDR")
+DEFAULT_PLOT = "forecast.png"
 MAX_P = 1024
 
 
@@ -51,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=int, nargs="+", default=[], help="more P to forecast")
     p.add_argument("--max-p", type=int, default=MAX_P, help="largest power of two P")
     p.add_argument("--json", action="store_true", help="print the rows as JSON only")
-    p.add_argument("--plot", default="forecast.png", help="where to draw ('' for no plot)")
+    p.add_argument("--plot", default=DEFAULT_PLOT, help="where to draw: a file, or a "
+                   f"directory to draw {DEFAULT_PLOT} in ('' for no plot)")
     p.add_argument("--paper", action="store_true", help="the Horovod paper check, then exit")
     return p
 
@@ -61,11 +63,15 @@ def load_report(path: str) -> dict[str, Any]:
     if os.path.isdir(path):
         path = os.path.join(path, "report.json")
     try:
-        with open(path) as handle:
-            return json.load(handle)
+        with open(path, "rb") as handle:
+            return json.loads(handle.read().decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"--report {path}: cannot read it ({exc.strerror}); give the "
                           "report.json an HVDLITE_REPORT run wrote, or its directory") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--report {path} is not text (UTF-8): byte {exc.start} is "
+                          f"{exc.object[exc.start]:#04x}; give the report.json an "
+                          "HVDLITE_REPORT run wrote") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--report {path} is not JSON ({exc.msg} at line {exc.lineno}); "
                           "give the report.json an HVDLITE_REPORT run wrote") from None
@@ -115,6 +121,52 @@ def links(args: argparse.Namespace) -> list[model.Link]:
     if args.bandwidth is not None:
         chosen.append(model.custom_link(args.bandwidth, args.latency))
     return chosen or [model.NETWORKS[name] for name in DEFAULT_NETWORKS]
+
+
+def intra_link(args: argparse.Namespace) -> Optional[model.Link]:
+    """The link inside a node, or None with one rank per node. A name the forecast does
+    not know is refused even then: a misspelt --intra would otherwise pass unnoticed."""
+    link = model.network(args.intra, flag="--intra")
+    return link if args.ranks_per_node > 1 else None
+
+
+def plot_path(args: argparse.Namespace) -> str:
+    """Where --plot draws ('' for nowhere): the file given, or forecast.png inside a
+    directory given. Checked before anything is printed (created, written and removed,
+    as HVDLITE_TIMELINE is at init), so a path that cannot be written is an error,
+    not a table followed by a traceback."""
+    from hvdlite.core.outputs import file_problem
+    path = args.plot
+    if not path:
+        return ""
+    if os.path.isdir(path):
+        path = os.path.join(path, DEFAULT_PLOT)
+    unknown = _format_problem(path)
+    if unknown is not None:
+        raise ConfigError(f"--plot {args.plot!r} cannot be used: {unknown}; name a file with "
+                          "one of those extensions, or none (PNG)")
+    problem = file_problem(path)
+    if problem is not None:
+        raise ConfigError(f"--plot {args.plot!r} cannot be used: {problem}; give a file in "
+                          "an existing directory you can write (or a directory), or --plot "
+                          "'' for no plot")
+    return path
+
+
+def _format_problem(path: str) -> Optional[str]:
+    """Why matplotlib would refuse ``path``'s extension (None without matplotlib: the
+    plot is then skipped with a note). A path without one is drawn as PNG, as named."""
+    extension = os.path.splitext(path)[1][1:].lower()
+    if not extension:
+        return None
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return None
+    known = FigureCanvasAgg.get_supported_filetypes()
+    if extension in known:
+        return None
+    return f"matplotlib draws no '.{extension}' files (it draws {', '.join(sorted(known))})"
 
 
 def sizes(args: argparse.Namespace) -> list[int]:
@@ -207,7 +259,8 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
     axes[1].legend(fontsize="x-small")
     figure.suptitle("hvdlite scaling forecast")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    # Without an extension matplotlib would add '.png' to the name: draw the file named.
+    figure.savefig(path, dpi=110, format=None if os.path.splitext(path)[1] else "png")
     plt.close(figure)
 
 
@@ -218,20 +271,23 @@ def run(args: argparse.Namespace) -> None:
         return
     work = workload(args)
     networks, names, ranks = links(args), algorithms(args), sizes(args)
-    intra = model.network(args.intra) if args.ranks_per_node > 1 else None
+    intra, drawing = intra_link(args), plot_path(args)
     rows = forecast(work, networks, names, ranks, intra, args.ranks_per_node)
     print(json.dumps(rows) if args.json else render(work, rows, networks,
                                                     args.ranks_per_node), flush=True)
-    if not args.plot:
+    if not drawing:
         return
     try:
-        plot(rows, args.plot)
+        plot(rows, drawing)
     except ImportError:
         if not args.json:
             print("\nno plot: matplotlib is not installed (pip install 'hvdlite[report]')")
         return
+    except OSError as exc:      # checked above; a disk that filled since, say
+        raise ConfigError(f"--plot {drawing!r}: drawing it failed ({exc.strerror or exc})") \
+            from None
     if not args.json:
-        print(f"\nplot: {args.plot}")
+        print(f"\nplot: {drawing}")
 
 
 def main(argv: Sequence[str]) -> None:

@@ -4,64 +4,180 @@ Rank 0 writes the report at shutdown, the timeline from ``init()`` on and the
 elastic state at each commit. A path that cannot be written would otherwise be
 found out only then: the report after the whole run (and lost), the timeline
 as a failed ``init()`` on rank 0 alone, which leaves the other ranks waiting
-for it. Here rank 0 looks at every output path without creating anything
-(``stat`` and ``access`` only, so nothing is left behind when nothing is
-written), broadcasts what it found, and every rank raises the same
-:class:`OutputPathError` (or, with ``HVDLITE_OUTPUT_CHECK=warn``, rank 0 logs it).
+for it. Looking is not enough (a dangling symbolic link passes ``stat`` of its
+parent and ``access``, then every write fails), so rank 0 proves each path the
+way its writer will use it: it creates the missing directories, creates, writes,
+syncs and removes a probe file where the real one will go (symbolic links
+followed), then removes the directories it created, so nothing is left behind.
+A FIFO, socket or device is refused without being opened (opening a FIFO for
+writing blocks until something reads it). Rank 0 broadcasts what it found, and
+every rank raises the same :class:`OutputPathError` (or, with
+``HVDLITE_OUTPUT_CHECK=warn``, rank 0 logs it).
 """
 from __future__ import annotations
 
 import logging
 import os
+import stat
+import tempfile
 from typing import Any, Optional
 
 from hvdlite.errors import OutputPathError
 
 _log = logging.getLogger("hvdlite")
+PROBE_PREFIX = ".hvdlite-probe-"
+_PROBE_TEXT = b"hvdlite checks that its outputs can be written here; this file is removed\n"
 
 
 def directory_problem(path: str) -> Optional[str]:
-    """Why the directory ``path`` could not be created or written into, or None.
-    It may be missing: its writers create it (and its parents) when they write."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return f"{path} exists and is not a directory"
-        return None if _writable(path) else f"the directory {path} cannot be written"
-    return _creatable(path)
+    """Why files cannot be written in the directory ``path``, or None. It may be
+    missing: its writers create it (and its parents), and so does the probe, for
+    as long as the probe lasts."""
+    created: list[str] = []
+    try:
+        problem = _make_directories(os.path.abspath(path), created)
+        if problem is None and not os.path.isdir(path):
+            problem = f"{path} exists and is not a directory"
+        return problem if problem is not None else _probe_in(path)
+    finally:
+        for directory in reversed(created):
+            _remove(directory, os.rmdir)
 
 
 def file_problem(path: str) -> Optional[str]:
-    """Why the file ``path`` could not be created (or truncated), or None. Its
-    directory must exist: the timeline opens the file, it creates no parents."""
-    if os.path.isdir(path):
-        return f"{path} is a directory, not a file"
-    if os.path.exists(path):
-        return None if os.access(path, os.W_OK) else f"the file {path} cannot be written"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(parent):
-        return f"its directory {parent} does not exist"
+    """Why the file ``path`` could not be created (or truncated) and written, or None.
+    Its directory must exist: the timeline opens the file, it creates no parents. An
+    existing regular file is opened for writing, neither truncated nor written."""
+    link = os.path.islink(path)
+    target = os.path.realpath(path) if link else os.path.abspath(path)
+    prefix = f"it is a symbolic link to {target}, and " if link else ""
+    try:
+        info: Optional[os.stat_result] = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:      # a loop of links, a directory that cannot be searched
+        return f"{prefix}{target} cannot be looked up ({exc.strerror})"
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            return f"{prefix}{target if link else path} is a directory, not a file"
+        if not stat.S_ISREG(info.st_mode):
+            return (f"{prefix}{target if link else path} is {describe_kind(info.st_mode)}, "
+                    "not a regular file")
+        return _open_existing(target, prefix)
+    parent = os.path.dirname(target)
+    if os.path.islink(parent) and not os.path.exists(parent):
+        return f"{prefix}{_dangling(parent)}"
+    if not os.path.lexists(parent):
+        return f"{prefix}its directory {parent} does not exist"
     if not os.path.isdir(parent):
-        return f"{parent} is not a directory"
-    return None if _writable(parent) else f"the directory {parent} cannot be written"
+        return f"{prefix}{parent} is not a directory"
+    problem = _probe_at(target)
+    return None if problem is None else f"{prefix}{problem}"
 
 
-def _creatable(path: str) -> Optional[str]:
-    """``os.makedirs(path)`` would succeed: the nearest existing ancestor is a
-    directory this process may create entries in."""
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(ancestor):
+def _dangling(link: str) -> str:
+    return f"{link} is a symbolic link to {os.path.realpath(link)}, which does not exist"
+
+
+def describe_kind(mode: int) -> str:
+    """'a FIFO', 'a socket', 'a device'...: what a file that is not regular is."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _make_directories(path: str, created: list[str]) -> Optional[str]:
+    """Create ``path`` and its missing parents as ``os.makedirs`` would (appending each
+    to ``created``), or say why they cannot be. A dangling link is not followed: the
+    writers' ``makedirs`` fails on it too."""
+    missing, ancestor = [], path
+    while not os.path.lexists(ancestor):
+        missing.append(ancestor)
         ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        return f"{ancestor} is a file, so no directory can be created under it"
-    if not _writable(ancestor):
-        return f"it would be created in {ancestor}, which cannot be written"
+    if os.path.islink(ancestor) and not os.path.exists(ancestor):
+        return _dangling(ancestor)
+    if missing and not os.path.isdir(ancestor):
+        kind = "a file" if os.path.isfile(ancestor) else describe_kind(os.stat(ancestor).st_mode)
+        return f"{ancestor} is {kind}, so no directory can be created under it"
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except OSError as exc:
+            return (f"it would be created in {os.path.dirname(directory)}, where "
+                    f"{os.path.basename(directory)} cannot be created ({exc.strerror})")
+        created.append(directory)
     return None
 
 
-def _writable(directory: str) -> bool:
-    # access() answers for this process's credentials, root included, and says no
-    # on a read-only mount (EROFS), where root's permission bits would say yes.
-    return os.access(directory, os.W_OK | os.X_OK)
+def _probe_in(directory: str) -> Optional[str]:
+    """Create, write, sync and remove a file of a fresh name in ``directory``."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=PROBE_PREFIX)
+    except OSError as exc:
+        return f"no file can be created in the directory {directory} ({exc.strerror})"
+    return _write_then_remove(fd, name, f"a file created in {directory}")
+
+
+def _probe_at(path: str) -> Optional[str]:
+    """Create ``path`` itself (it must not exist), write, sync and remove it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return f"the file {path} cannot be created ({exc.strerror})"
+    return _write_then_remove(fd, path, f"the file {path}")
+
+
+def _write_then_remove(fd: int, name: str, what: str) -> Optional[str]:
+    # fsync too: a full disk or quota may only show when the data is flushed (NFS).
+    try:
+        os.write(fd, _PROBE_TEXT)
+        os.fsync(fd)
+    except OSError as exc:
+        return f"{what} cannot be written ({exc.strerror})"
+    finally:
+        os.close(fd)
+        _remove(name, os.unlink)
+    return None
+
+
+def _open_existing(path: str, link: str) -> Optional[str]:
+    # Non-blocking, in case a FIFO replaced the file since the stat; nothing written.
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        return f"{link}the file {path} cannot be written ({exc.strerror})"
+    return None
+
+
+def _remove(path: str, remove: Any) -> None:
+    try:
+        remove(path)
+    except OSError as exc:      # the check's leftover: say so, it is harmless
+        _log.warning("rank 0: could not remove %s after checking the outputs (%s)",
+                     path, exc.strerror)
+
+
+def open_for_writing(path: str) -> int:
+    """``os.open`` of a regular file for writing, truncated (the timeline's file). A
+    FIFO, socket or device raises OutputPathError instead of blocking or writing to it."""
+    fd = -1
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        problem = file_problem(path) or exc.strerror   # ENXIO: a FIFO nobody reads
+        raise OutputPathError(f"rank 0: the timeline {path} cannot be written: {problem}") \
+            from exc
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OutputPathError(f"rank 0: the timeline {path} cannot be written: {path} is "
+                              f"{describe_kind(mode)}, not a regular file; name a file")
+    return fd    # O_NONBLOCK does nothing on a regular file
 
 
 def problems(config: Any) -> list[tuple[str, str]]:
@@ -71,7 +187,10 @@ def problems(config: Any) -> list[tuple[str, str]]:
               ("HVDLITE_TIMELINE", config.timeline_path, file_problem),
               ("HVDLITE_ELASTIC_DIR", config.elastic_dir, directory_problem))
     for variable, path, check in checks:
-        problem = check(path) if path else None
+        try:
+            problem = check(path) if path else None
+        except OSError as exc:      # rank 0 must reach the broadcast whatever happens
+            problem = f"it cannot be checked ({exc})"
         if problem:
             found.append((variable, f"{variable}={path!r} cannot be used: {problem}"))
     return found
@@ -104,5 +223,6 @@ def agree(comm: Any, config: Any) -> set[str]:
 _WARN_CONSEQUENCE = {
     "HVDLITE_REPORT": "the report will fail to be written at shutdown",
     "HVDLITE_TIMELINE": "no timeline is written",
-    "HVDLITE_ELASTIC_DIR": "commits will fail when they are written to it",
+    "HVDLITE_ELASTIC_DIR": "the first commit written to it will raise StateWriteError on "
+                           "every rank",
 }

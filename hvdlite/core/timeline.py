@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from hvdlite.core.outputs import open_for_writing
+
 _STOP = object()
 # Horovod's value of HOROVOD_TIMELINE that enables start_timeline() without a file yet.
 DYNAMIC = "DYNAMIC"
@@ -50,7 +52,7 @@ class Timeline:
         self._origin = time.monotonic()
         self._queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self._open: set[int] = set()   # handles whose op span is open (engine thread only)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = open_for_writing(path)     # a FIFO would block here: refused
         os.write(self._fd, b"[]")
         self._end = 1  # offset of the closing bracket
         self._first = True

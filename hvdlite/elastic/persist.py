@@ -22,7 +22,8 @@ one: the new state goes to a temporary file in the same directory, is
 fsync'ed, then renamed over the old one (atomic within a file system), and the
 directory is fsync'ed so the rename survives a power loss. A write that fails
 (a full disk) removes its temporary file and raises :class:`StateWriteError`;
-the previous file stands. Only rank 0 writes.
+the previous file stands. Only rank 0 writes (``State.persist`` then raises the
+error on every rank).
 """
 from __future__ import annotations
 
@@ -96,8 +97,7 @@ def _write_error(target: Path, exc: OSError) -> StateWriteError:
     previous = ("the previous commit in it stands, unchanged" if target.exists()
                 else "nothing was committed there before")
     return StateWriteError(f"rank 0 could not write the committed state {target} "
-                           f"({exc.strerror or exc}); {previous}. Free space or fix the "
-                           "directory: the next commit tries again")
+                           f"({exc.strerror or exc}); {previous}")
 
 
 def _make_private_dir(folder: Path) -> None:

@@ -14,7 +14,7 @@ import logging
 import queue
 from typing import Any, Callable, Iterable, Optional
 
-from hvdlite.elastic import codec, persist, preemption
+from hvdlite.elastic import codec, ledger, persist, preemption
 from hvdlite.elastic.codec import Encoded
 from hvdlite.errors import HostsUpdatedError, StateError, StateWriteError
 
@@ -46,8 +46,9 @@ class State:
 
     Subclasses say how to ``save()``, ``restore()`` and ``sync()``; ``commit()``
     saves, writes every ``HVDLITE_ELASTIC_PERSIST_EVERY``-th commit to
-    ``HVDLITE_ELASTIC_DIR`` (rank 0), and checks for host updates and
-    preemption at the same step boundary on every rank.
+    ``HVDLITE_ELASTIC_DIR`` (rank 0; a write that fails raises StateWriteError on
+    every rank), and checks for host updates and preemption at the same step
+    boundary on every rank.
     """
 
     def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
@@ -77,6 +78,7 @@ class State:
         host updates and preemption. Collective: every rank calls it at the same step."""
         self.save()
         self._commits += 1
+        ledger.LEDGER.commits += 1
         every = _setting("elastic_persist_every", 1)
         if self._commits % every == 0:
             self.persist()
@@ -99,20 +101,39 @@ class State:
             raise HostsUpdatedError(False)
 
     def persist(self) -> None:
-        """Write the last commit to HVDLITE_ELASTIC_DIR (rank 0; nothing without one)."""
+        """Write the last commit to HVDLITE_ELASTIC_DIR (rank 0; nothing without one).
+        Collective when it writes: every rank learns whether the write reached the disk,
+        and one that did not raises StateWriteError on every rank, at this commit. The
+        user asked for persistence: a job must not train on (and end with status 0)
+        with less on disk than it believes, where a crash would lose it all."""
         directory = _setting("elastic_dir", "")
         if not directory or self._persisted == self._commits:
             return
+        failure, cause = None, None
         if self._rank() == 0:
             try:
                 persist.write(directory, self.committed_entries(), self._commits)
-            except StateWriteError as exc:
-                # Training goes on (the commit is kept in memory, and the next one
-                # tries the disk again): stopping would lose more than a stale file.
-                _log.warning("%s; training goes on from commit %d in memory (on disk: "
-                             "commit %d)", exc, self._commits, self._persisted)
-                return
+            except Exception as exc:    # any failure: every rank must hear of it
+                cause = exc
+                failure = str(exc) if isinstance(exc, StateWriteError) else (
+                    f"rank 0 could not write the committed state in {directory} "
+                    f"({type(exc).__name__}: {exc})")
+        failure = self._bcast_object(failure)
+        if failure is not None:
+            ledger.LEDGER.failed += 1
+            raise StateWriteError(self._not_written(failure)) from cause
         self._persisted = self._commits
+        ledger.LEDGER.written += 1
+        ledger.LEDGER.on_disk = self._commits
+
+    def _not_written(self, failure: str) -> str:
+        held = ("no commit, so a restart starts from scratch" if not self._persisted
+                else f"commit {self._persisted}, which a restart resumes from")
+        return (f"rank {self._rank()}: commit {self._commits} did not reach the disk: "
+                f"{failure}. HVDLITE_ELASTIC_DIR holds {held}. hvdlite raises this on every "
+                "rank rather than train on without the persistence you asked for; fix the "
+                "directory (space, permissions) and run the job again, or unset "
+                "HVDLITE_ELASTIC_DIR to keep commits in memory only")
 
     def load_persisted(self) -> bool:
         """Restore the state committed in HVDLITE_ELASTIC_DIR on rank 0, if any (call
@@ -145,6 +166,7 @@ class State:
         except codec.Malformed as exc:
             raise persist.unreadable(persist.state_path(directory), str(exc)) from exc
         self._commits = self._persisted = commits
+        ledger.LEDGER.on_disk = commits
         _log.info("resuming from commit %d in %s", commits, directory)
         return True
 

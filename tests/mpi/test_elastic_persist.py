@@ -1,9 +1,11 @@
 """The committed file on every rank: a state rank 0 cannot load (truncated,
 corrupted, planted by another user, of the old pickle format) raises the same
 StateError on every rank, through hvd.elastic.run, with no rank left waiting in
-sync(); the training function never runs. A good file still resumes everywhere."""
+sync(); the training function never runs. A good file still resumes everywhere. A
+commit rank 0 cannot write raises StateWriteError on every rank at that commit."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Callable
@@ -13,6 +15,7 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.elastic import persist
+from hvdlite.errors import StateWriteError
 
 # A hang fails the test (and the run) instead of stalling it.
 pytestmark = pytest.mark.timeout(60)
@@ -84,3 +87,37 @@ def test_a_good_state_resumes_on_every_rank(elastic_dir: str) -> None:
         return state.step, state.log
 
     assert train(resumed) == (5, [1, 2])
+
+
+def test_a_commit_rank_0_cannot_write_fails_every_rank_at_that_commit(
+        elastic_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(handle: object, entries: object, commits: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+    reached = []
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ObjectState) -> None:
+        state.step = 1
+        state.commit()                                  # on disk
+        if hvd.rank() == 0:                             # only rank 0 writes, and finds out
+            monkeypatch.setattr(persist, "_write_content", full_disk)
+        state.step = 2
+        reached.append(2)
+        state.commit()                                  # not on disk: every rank raises
+        reached.append(3)
+
+    with pytest.raises(StateWriteError) as caught:
+        train(state)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert message.startswith(f"rank {hvd.rank()}: commit 2 did not reach the disk: "), message
+    assert f"{persist.state_path(elastic_dir)} (No space left on device)" in message, message
+    assert "HVDLITE_ELASTIC_DIR holds commit 1, which a restart resumes" in message, message
+    assert reached == [2]                               # stopped at that commit, no retry
+    after = hvd.allreduce(np.ones(1), op=hvd.Sum, name="epersist.after.full")
+    assert after[0] == hvd.size()                       # no rank was left waiting
+    if hvd.rank() == 0:
+        assert persist.read(elastic_dir)[1] == 1        # the last good commit stands
+    hvd.barrier()

@@ -113,7 +113,7 @@ def test_the_slowest_of_p_ranks(size: int, exact: float) -> None:
 
 
 @pytest.mark.parametrize("field,value,flag", [
-    ("compute_s", 0.0, "--compute-ms"), ("grad_bytes", -1.0, "--grad-bytes"),
+    ("compute_s", 0.0, "--compute-ms"), ("grad_bytes", -1.0, "--grad-bytes or --params"),
     ("buckets", 0, "--buckets or --tensors"), ("overlap", 1.5, "--overlap"),
     ("backward_share", 0.0, "--backward-share"), ("step_sd_s", -0.1, "--step-sd-ms"),
     ("batch", 0, "--batch-size")])
@@ -279,3 +279,100 @@ def test_this_machines_link_is_fitted_from_ring_times() -> None:
     rows = forecast_check.comm_table(link, {2: exact, 4: {1 << 20: 1e-3}})
     assert [round(r["error"], 6) for r in rows[:3]] == [0.0, 0.0, 0.0]
     assert rows[3]["forecast_s"] == pytest.approx(6 * 5e-6 + 1.5 * (1 << 20) / 2e9)
+
+
+# -- nonsense in, a one-line error out (issue 34, item 6) ------------------------------------
+def _report_file(tmp_path: Path, **fields: Any) -> str:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"ranks": [rank(0, **fields)]}))   # NaN, Infinity as Python writes
+    return str(path)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"allreduce_calls": float("nan")}, "rank 0's 'allreduce_calls' is nan"),
+    ({"compute_time_s": float("inf")}, "rank 0's 'compute_time_s' is inf"),
+    ({"allreduce_bytes": float("inf")}, "rank 0's 'allreduce_bytes' is inf"),
+    ({"allreduce_calls": float("inf")}, "rank 0's 'allreduce_calls' is inf"),
+    ({"step_time_sd_s": float("-inf")}, "rank 0's 'step_time_sd_s' is -inf"),
+    ({"compute_time_s": True}, "rank 0's 'compute_time_s' is True"),
+    ({"allreduce_calls": False}, "rank 0's 'allreduce_calls' is False"),
+    ({"compute_time_s": "0.2"}, "rank 0's 'compute_time_s' is '0.2'"),
+    ({"steps": -3}, "rank 0's 'steps' is -3"),
+    ({"steps": True}, "rank 0's 'steps' is True"),
+    ({"steps": 2.5}, "rank 0's 'steps' is 2.5"),
+])
+def test_a_report_with_nonsense_numbers_is_refused(tmp_path: Path, fields: dict[str, Any],
+                                                    message: str,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_cli(["--report", _report_file(tmp_path, **fields), "--plot", ""],
+                             capsys)
+    assert code == 2 and out == "", out + err
+    assert err.startswith("python -m hvdlite.bench forecast: error: ") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_binary_report_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "report.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    code, out, err = run_cli(["--report", str(path), "--plot", ""], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"--report {path} is not text (UTF-8)" in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--compute-ms", "inf", "--params", "1e6"], "compute time per step (s) must be above 0, a finite"),
+    (["--compute-ms", "100", "--params", "inf"], "gradient bytes must be 0 or more, a finite"),
+    (["--compute-ms", "100", "--params", "nan"], "gradient bytes must be 0 or more, a finite"),
+    (["--compute-ms", "100", "--grad-bytes", "inf"], "--grad-bytes 'inf'"),
+    (["--compute-ms", "100", "--params", "1e6", "--fusion-bytes", "inf"], "--fusion-bytes 'inf'"),
+    (["--compute-ms", "100", "--params", "1e6", "--step-sd-ms", "inf"],
+     "step time deviation (s) must be 0 or more, a finite"),
+    (["--compute-ms", "100", "--params", "1e6", "--batch-size", "inf"], "batch size must be"),
+    (["--compute-ms", "100", "--params", "1e6", "--bandwidth", "inf", "--latency", "1"],
+     "--bandwidth must be a finite number above 0"),
+    (["--compute-ms", "100", "--params", "1e6", "--bandwidth", "1", "--latency", "inf"],
+     "--latency must be a finite number"),
+    (["--compute-ms", "100", "--params", "1e6", "--ranks-per-node", "2", "--intra", "bogus"],
+     "--intra 'bogus' is not a network"),
+    (["--compute-ms", "100", "--params", "1e6", "--intra", "bogus"], "--intra 'bogus'"),
+])
+def test_infinite_and_misnamed_flags_are_refused(argv: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_cli([*argv, "--plot", ""], capsys)
+    assert code == 2 and out == "", out + err
+    assert message in err and err.count("\n") == 1, err
+    if "--intra" in message:
+        assert "--network" not in err, err       # the flag given, not another one
+
+
+def test_a_plot_path_that_cannot_be_written_fails_before_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    target = tmp_path / "missing" / "f.png"
+    code, out, err = run_cli(["--compute-ms", "100", "--params", "1e6", "--max-p", "4",
+                              "--plot", str(target)], capsys)
+    assert code == 2 and out == "", out + err             # nothing printed for nothing
+    assert f"--plot '{target}' cannot be used: its directory {target.parent} does not " \
+           "exist" in err and err.count("\n") == 1, err
+
+
+def test_a_plot_in_a_directory_is_drawn_inside_it(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    code, out, err = run_cli(["--compute-ms", "100", "--params", "1e6", "--max-p", "4",
+                              "--plot", str(folder)], capsys)
+    assert code == 0, err
+    assert not (tmp_path / "plots.png").exists()
+    pytest.importorskip("matplotlib")
+    drawn = folder / "forecast.png"
+    assert f"plot: {drawn}" in out and drawn.read_bytes()[:4] == b"\x89PNG", out
+
+
+def test_a_plot_format_matplotlib_cannot_draw_fails_before_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "f.xyz"
+    code, out, err = run_cli(["--compute-ms", "100", "--params", "1e6", "--max-p", "4",
+                              "--plot", str(target)], capsys)
+    assert code == 2 and out == "" and not target.exists(), out + err
+    assert "matplotlib draws no '.xyz' files" in err and err.count("\n") == 1, err

@@ -314,9 +314,8 @@ def test_a_full_disk_keeps_the_previous_commit_and_no_temporary_file(
     assert commits == 1 and torch.equal(values["model"], torch.ones(100))
 
 
-def test_training_goes_on_when_the_disk_is_full_and_the_next_commit_writes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_disk_raises_at_that_commit_and_a_later_commit_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime.RUNTIME, "config",
                         Config.load({"HVDLITE_ELASTIC_DIR": str(tmp_path)}))
     state = ObjectState(lambda value: value, lambda: 0, step=1)
@@ -326,14 +325,16 @@ def test_training_goes_on_when_the_disk_is_full_and_the_next_commit_writes(
     with monkeypatch.context() as full:
         _fill_disk(full, room=10)
         state.step = 2
-        logging.getLogger("hvdlite").propagate = True
-        with caplog.at_level("WARNING", logger="hvdlite"):
-            state.save()
-            state._commits = 2
-            state.persist()                         # warns, does not raise
-    assert "training goes on from commit 2 in memory (on disk: commit 1)" in caplog.text
+        state.save()
+        state._commits = 2
+        with pytest.raises(StateWriteError) as caught:
+            state.persist()                         # never a warning only: it raises
+    assert str(caught.value).startswith(
+        "rank 0: commit 2 did not reach the disk: rank 0 could not write the committed "
+        f"state {persist.state_path(str(tmp_path))} (No space left on device)")
+    assert "HVDLITE_ELASTIC_DIR holds commit 1, which a restart resumes from" in str(caught.value)
     assert _load(tmp_path)[1] == 1
-    state.step = 3
+    state.step = 3                                  # a script that caught it goes on:
     state.save()
     state._commits = 3
     state.persist()                                 # the disk has room again

@@ -161,3 +161,30 @@ def test_a_timeline_never_closed_does_not_keep_the_process_alive(tmp_path: Path)
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30,
                    cwd=Path(__file__).resolve().parents[2])
     assert json.loads(path.read_bytes())[0]["ph"] == "M"
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """hvd.start_timeline(path) on rank 0: opening a FIFO for writing would block until
+    something reads it (the init() check refuses it too, before any Timeline)."""
+    import threading
+    from hvdlite.errors import OutputPathError
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            Timeline(str(fifo)).close()
+        except BaseException as exc:            # the outcome, whatever it is
+            outcome.append(exc)
+
+    opener = threading.Thread(target=start, daemon=True)
+    opener.start()
+    opener.join(5)
+    if opener.is_alive():                       # blocked in open(): let it through
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        opener.join(5)
+    assert not opener.is_alive() and len(outcome) == 1, outcome
+    assert isinstance(outcome[0], OutputPathError), outcome
+    assert f"{fifo} is a FIFO, not a regular file" in str(outcome[0])

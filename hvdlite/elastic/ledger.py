@@ -1,0 +1,64 @@
+"""How many commits reached the disk: counted here, told at the end of the job
+(rank 0 prints one line at shutdown when HVDLITE_ELASTIC_DIR is set) and in the
+HVDLITE_REPORT report, so a job never ends quietly with less on disk than it
+committed.
+
+Every rank counts the same: a write is rank 0's, but every rank learns whether
+it reached the disk (``State.persist`` agrees on it), so the counts agree.
+Counts cover this process, every State and every ``init()`` in it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from hvdlite.api import runtime
+
+
+@dataclasses.dataclass
+class Ledger:
+    commits: int = 0                # commit() calls
+    written: int = 0                # commits written to HVDLITE_ELASTIC_DIR
+    failed: int = 0                 # writes that failed (each raised StateWriteError)
+    on_disk: Optional[int] = None   # the commit number the file holds (None: nothing)
+
+
+LEDGER = Ledger()
+
+
+def snapshot(config: Any) -> Optional[dict[str, Any]]:
+    """The counts, with the directory and persist interval of ``config``; None when
+    no HVDLITE_ELASTIC_DIR is set (nothing was asked to reach a disk)."""
+    if config is None or not config.elastic_dir:
+        return None
+    return {"directory": config.elastic_dir, "persist_every": config.elastic_persist_every,
+            **dataclasses.asdict(LEDGER)}
+
+
+def describe(counts: dict[str, Any]) -> str:
+    """One line: 'elastic: 2 of 5 commits reached the disk (...); ... holds commit 4'."""
+    every = counts["persist_every"]
+    interval = (f" (every {_ordinal(every)}: HVDLITE_ELASTIC_PERSIST_EVERY={every})"
+                if every > 1 else "")
+    failed = f", {counts['failed']} failed to" if counts["failed"] else ""
+    held = "no commit" if counts["on_disk"] is None else f"commit {counts['on_disk']}"
+    return (f"elastic: {counts['written']} of {counts['commits']} commits reached the "
+            f"disk{interval}{failed}; HVDLITE_ELASTIC_DIR={counts['directory']} holds {held}")
+
+
+def _ordinal(number: int) -> str:
+    teens = 10 <= number % 100 <= 20
+    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def _at_shutdown() -> None:
+    """The end-of-job line, on rank 0 (the writer)."""
+    current = runtime.RUNTIME
+    config = current.engine.config if current.engine is not None else current.config
+    counts = snapshot(config)
+    if counts is not None and current.topology is not None and current.topology.rank == 0:
+        print(f"[hvdlite] {describe(counts)}", flush=True)
+
+
+runtime.STOP_HOOKS.append(_at_shutdown)
