@@ -53,8 +53,8 @@ def parse_bool(text: str) -> bool:
 
 def parse_nonneg_float(text: str) -> float:
     value = float(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
+    if not math.isfinite(value) or value < 0:    # nan and inf: timers that never fire
+        raise ValueError("must be a finite number >= 0")
     return value
 
 

@@ -56,7 +56,9 @@ def test_config_precedence_and_parsing() -> None:
     ("allreduce", "rign", "expected one of auto, mpi, ring, ps"),
     ("gpu_allreduce", "xla", "expected one of nccl, mpi"),
     ("fusion_threshold", -1, "a size cannot be negative"),
-    ("cycle_time", -0.5, "must be >= 0"),
+    ("cycle_time", -0.5, "must be a finite number >= 0"),
+    ("stall_check_time", "nan", "must be a finite number >= 0"),
+    ("peer_timeout", "inf", "must be a finite number >= 0"),
     ("elastic_persist_every", 0, "must be >= 1"),
     ("abort_on_error", "maybe", "expected 1/0"),
 ])
