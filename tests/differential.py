@@ -22,14 +22,17 @@ variables DIFFERENTIAL_SEED and DIFFERENTIAL_CASE select the seed and one case.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
 
 import hvdlite as hvd
+from hvdlite.api import runtime
+from hvdlite.api.control import reconfigure
 
 SEED = int(os.environ.get("DIFFERENTIAL_SEED", "20261126"))
 ONLY = os.environ.get("DIFFERENTIAL_CASE")
@@ -46,6 +49,26 @@ LARGE = 1_048_579
 KINDS = ("allreduce", "allreduce_", "grouped_allreduce", "allgather", "broadcast",
          "broadcast_", "alltoall", "reducescatter")
 SCALES = (1.0, 1.0, 0.5, 2.0)      # powers of two: exact in every dtype
+# Thresholds small enough that fusion, direct reduction and the ring's chunking are
+# reached by small tensors: "above the fusion threshold" costs little.
+SMALL = {"fusion_threshold": 16 << 10, "direct_threshold": 8 << 10, "ring_threshold": 4 << 10,
+         "ring_chunk": 1 << 10}
+
+
+@contextlib.contextmanager
+def even_ranks_and_small_thresholds() -> Iterator[Any]:
+    """The process set of the even ranks (one rank at -n 2; the global set at -n 1,
+    since the world cannot be added again), with SMALL thresholds, undone after."""
+    previous = {key: getattr(runtime.config(), key) for key in SMALL}
+    reconfigure(**SMALL)
+    evens = [r for r in range(hvd.size()) if r % 2 == 0]
+    subset = hvd.add_process_set(evens) if hvd.size() > 1 else hvd.global_process_set
+    try:
+        yield subset
+    finally:
+        if subset is not hvd.global_process_set:
+            hvd.remove_process_set(subset)
+        reconfigure(**previous)
 
 
 @dataclasses.dataclass(frozen=True)

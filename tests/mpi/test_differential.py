@@ -23,23 +23,13 @@ from tests import differential
 from tests.differential import Path
 
 CASES = 300
-SMALL = {"fusion_threshold": 16 << 10, "direct_threshold": 8 << 10, "ring_threshold": 4 << 10,
-         "ring_chunk": 1 << 10}
 REPRODUCE = "mpiexec -n {size} python tests/mpi/run.py tests/mpi/test_differential.py -k {path}"
 
 
 @pytest.fixture(scope="module")
 def evens() -> Iterator[Any]:
-    """The process set of the even ranks (one rank at -n 2), and small thresholds."""
-    previous = {key: getattr(runtime.config(), key) for key in SMALL}
-    reconfigure(**SMALL)
-    evens = [r for r in range(hvd.size()) if r % 2 == 0]
-    # At world size 1 the even ranks are the world, which cannot be added again.
-    subset = hvd.add_process_set(evens) if hvd.size() > 1 else hvd.global_process_set
-    yield subset
-    if subset is not hvd.global_process_set:
-        hvd.remove_process_set(subset)
-    reconfigure(**previous)
+    with differential.even_ranks_and_small_thresholds() as subset:
+        yield subset
 
 
 def check(path: Path, subset: Any, drawn: list[differential.Case]) -> None:

@@ -23,7 +23,6 @@ from tests.standin import gpu_standin
 from tests.unit import fake_nccl
 
 CASES = 300
-SMALL = {"fusion_threshold": 16 << 10, "direct_threshold": 8 << 10, "ring_threshold": 4 << 10}
 REPRODUCE = "mpiexec -n {size} python tests/mpi/run.py tests/standin -k {path}"
 OPS = make_ops(gpu_standin.StandInAdapter())
 cupy = gpu_standin.install()       # the conftest's modules, already installed
@@ -33,15 +32,8 @@ cupy = gpu_standin.install()       # the conftest's modules, already installed
 def evens() -> Iterator[Any]:
     """This rank on "GPU" local_rank; the even ranks' process set; small thresholds."""
     gpu_standin.use_device(hvd.local_rank())
-    previous = {key: getattr(runtime.config(), key) for key in SMALL}
-    reconfigure(**SMALL)
-    evens = [r for r in range(hvd.size()) if r % 2 == 0]
-    # At world size 1 the even ranks are the world, which cannot be added again.
-    subset = hvd.add_process_set(evens) if hvd.size() > 1 else hvd.global_process_set
-    yield subset
-    if subset is not hvd.global_process_set:
-        hvd.remove_process_set(subset)
-    reconfigure(**previous)
+    with differential.even_ranks_and_small_thresholds() as subset:
+        yield subset
 
 
 @pytest.fixture(params=["nccl", "mpi"])
