@@ -110,6 +110,29 @@ def peer_freezes() -> None:
     _survive(lambda: os.kill(os.getpid(), signal.SIGSTOP))
 
 
+def killed_mid_allreduce() -> None:
+    """Rank KILL_RANK SIGKILLs itself, from a thread, 0.3 to 1 s into a loop of 64 MiB
+    allreduces (the ring's, whose blocking MPI_Wait calls hold the engine thread for most
+    of the loop). The other rank keeps reducing; its PeerLostError is not caught."""
+    import random
+    import threading
+    victim = int(os.environ["KILL_RANK"])
+    hvd.init()
+    _announce_pids()
+    x = np.ones(16 << 20, dtype=np.float32)
+    hvd.allreduce(x, name="big")
+
+    def kill() -> None:
+        time.sleep(random.uniform(0.3, 1.0))
+        _say(f"KILLED rank {victim} at {time.time():.3f}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if hvd.rank() == victim:
+        threading.Thread(target=kill, daemon=True).start()
+    while True:
+        hvd.allreduce(x, name="big")
+
+
 def stall_while_round_stuck() -> None:
     """Rank 0 waits on a tensor the others never submit; once rank 0's coordinator
     has seen that, the others' engines freeze (their main thread holds the GIL in
