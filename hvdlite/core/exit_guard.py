@@ -25,7 +25,8 @@ happened until the guard let go of the PMI socket: 30 s later (issue 34). With
 the output held, the first thing hydra sees is a survivor's report of the loss
 (failure.report_loss); hydra then ends the other ranks, and the guard lets go of
 the output, the last thing hydra waits for. ``hold`` bounds the wait where no
-survivor reports.
+survivor reports. (Output the rank wrote in its last milliseconds, read by hydra
+after its death, is such an event too: that race remains.)
 
 This file must run as a script under ``python -I -S`` (no hvdlite import, no
 site packages), so it imports only the standard library.
