@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import traceback
-from typing import Any, NoReturn, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from mpi4py import MPI
 
@@ -140,7 +140,8 @@ class Engine:
             failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
         self._shutdown_requested = True
         self._doorbell.ring_always()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if (self._thread.is_alive() and threading.current_thread() is not self._thread
+                and not isinstance(self.dead, PeerLostError)):   # maybe stuck in MPI for good
             self._thread.join(timeout)
             if self._thread.is_alive():
                 _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
@@ -168,13 +169,16 @@ class Engine:
                 pass
         except BaseException as exc:
             self._crash(exc)
+        finally:
+            self._sentinel.stop()
 
     def _setup(self) -> None:
         waiting.precise_sleeps()
         self.topology = detect(self._comm)
         unusable = outputs.agree(self._comm, self.config)   # before anything is started
         register_agreed_sets(self.registry, self._comm, self._initial_sets)
-        self._liveness = liveness.Liveness(self._comm, self.config)
+        self._liveness = liveness.Liveness(self._comm, self.config, self._lost)
+        self._sentinel = self._liveness.sentinel
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged
@@ -259,13 +263,16 @@ class Engine:
         stall.tell_stuck(self._stall_messages, self._stalls_told)
         message = self._liveness.check(started, now)
         if message is not None:
-            self._lose_peers(message)
+            self._lost(message)
+            raise liveness.RoundAbandoned(message)
 
-    def _lose_peers(self, message: str) -> NoReturn:
-        error = PeerLostError(message)
-        self._stop(error)
-        failure.mark_broken(self.topology.rank, self.topology.size, message)
-        raise liveness.RoundAbandoned(message)
+    def _lost(self, message: str) -> None:
+        """Also the sentinel's verdict, on its thread, while this one is stuck in MPI.
+        Reported before the user threads wake: under hydra, the first output after a
+        rank was killed ends the job (exit_guard.py)."""
+        if self.dead is None:
+            failure.report_loss(self.topology.rank, self.topology.size, message)
+            self._stop(PeerLostError(message))
 
     def _cached_responses(self, state: SetState, bits: list[int]) -> list[Response]:
         responses = [state.cache.response(b) for b in bits]
@@ -337,7 +344,9 @@ class Engine:
                 control.append((response, request))
             elif request is not None or kind is Kind.ALLREDUCE:
                 data.append(response)   # an allreduce without a request: joined, sends zeros
+        self._sentinel.inside = (now, state.ranks)   # a peer lost in there: sentinel.py
         self.executor.run(state.set_id, data, agreed, plan_key)
+        self._sentinel.inside = None
         for response, request in control:
             self._control(state, response, request)
 
@@ -391,8 +400,11 @@ class Engine:
         self.handles.fail_all(error)
 
     def _crash(self, exc: BaseException) -> None:
-        if isinstance(exc, liveness.RoundAbandoned):
+        if isinstance(exc, liveness.RoundAbandoned) or isinstance(self.dead, PeerLostError):
             return   # already stopped with PeerLostError; the user threads report it
+        if isinstance(exc, MPI.Exception) and (lost := self._sentinel.explain()):
+            self._lost(lost)   # MPI failed because a peer died (a copy from its memory)
+            return
         rank = self._comm.Get_rank()
         text = "".join(traceback.format_exception(exc))
         self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))

@@ -15,6 +15,10 @@ Three things must reach the launcher intact:
   ShutdownError and abort first, with 1; so it aborts with 3 itself instead.
 - The end. After PeerLostError, MPI_Finalize would wait forever for the lost
   rank, so a process that caught the error aborts at exit, non-zero.
+
+A rank that finds a peer lost says so at once, in one line on stderr
+(``report_loss``): under MPICH's hydra, the first output after a rank was
+killed ends the job (see exit_guard), so that line may be all it gets to say.
 """
 from __future__ import annotations
 
@@ -162,6 +166,13 @@ def mark_broken(rank: int, size: int, reason: str) -> None:
     if _broken is None:
         _broken = reason
         atexit.register(abort_if_broken)
+
+
+def report_loss(rank: int, size: int, message: str) -> None:
+    """This rank found a peer lost: mark the world broken and say so, in one line, now
+    (before the user threads wake to raise PeerLostError)."""
+    mark_broken(rank, size, message)
+    emit(f"{_identify()}: PeerLostError: {message}\n", grace=0.0)
 
 
 def abort_if_broken() -> None:

@@ -269,15 +269,22 @@ class Channel:
 
 
 class Liveness:
-    """The engine's handle: one identity exchange at init, then check() while waiting."""
+    """The engine's handle: one identity exchange at init, then check() while waiting
+    on a round, and the sentinel (sentinel.py) while inside a data collective, whose
+    ``on_loss(message)`` runs on the sentinel's thread."""
 
-    def __init__(self, world: MPI.Comm, config: Any) -> None:
+    def __init__(self, world: MPI.Comm, config: Any,
+                 on_loss: Optional[Callable[[str], None]] = None) -> None:
+        from hvdlite.core.sentinel import Sentinel   # it builds on this module
         self.me = world.Get_rank()
         self.timeout = config.peer_timeout
         peers = world.allgather(identity(self.me))
         self.peers = peers
         self.monitor = Monitor(self.me, peers, self.timeout)
         self.channel = Channel(world)
+        self.sentinel = Sentinel(self.me, peers, self.timeout, on_loss or (lambda _: None))
+        if on_loss is not None:
+            self.sentinel.start()
 
     def check(self, started: float, now: float) -> Optional[str]:
         """The PeerLostError message once a peer is lost (found here or reported by

@@ -110,6 +110,19 @@ def peer_freezes() -> None:
     _survive(lambda: os.kill(os.getpid(), signal.SIGSTOP))
 
 
+def allreduce_loop() -> None:
+    """Every rank reduces 64 MiB again and again (the ring's size: its blocking MPI_Wait
+    calls hold the engine thread for most of the loop), for a test to kill one from
+    outside; a survivor's PeerLostError is not caught."""
+    hvd.init()
+    _announce_pids()
+    x = np.ones(16 << 20, dtype=np.float32)
+    hvd.allreduce(x, name="big")
+    _say(f"LOOPING rank {hvd.rank()}")
+    while True:
+        hvd.allreduce(x, name="big")
+
+
 def stall_while_round_stuck() -> None:
     """Rank 0 waits on a tensor the others never submit; once rank 0's coordinator
     has seen that, the others' engines freeze (their main thread holds the GIL in

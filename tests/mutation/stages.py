@@ -103,6 +103,9 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
                  "-k not(guard)and(not(sys_exit))"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
+    # Stand-in peers are child processes of the test, killed to play a rank that dies.
+    "hvdlite/core/sentinel.py": (60, [
+        ("unit", "tests/unit/test_sentinel.py")]),
     # The engine at one rank in the test process first (tests/unit/engine_rig.py: a real
     # Engine over COMM_SELF, stepped one iteration at a time; found necessary by make
     # mutate: with only MPI stages each mutant cost minutes of mpiexec runs). Then rounds,

@@ -8,18 +8,20 @@ recorded instead (the ``world`` fixture)."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from hvdlite.config import Config
 from hvdlite.core import engine as engine_module
 from hvdlite.core import liveness
 from hvdlite.core.engine import Engine
 from hvdlite.core.negotiation import Report
-from hvdlite.errors import HvdliteError, ShutdownError, StallError
+from hvdlite.errors import HvdliteError, PeerLostError, ShutdownError, StallError
 from tests.unit import engine_rig
 from tests.unit.engine_rig import (QUIET, FullRounds, Records, allreduce, engine_at_one_rank,
                                    outcome, rank_3_world, second_set, set_up)
@@ -197,9 +199,73 @@ def test_a_crash_without_abort_on_error_leaves_the_process_alone(world: SimpleNa
 
 def test_a_lost_peer_unwinding_the_engine_is_not_a_crash(world: SimpleNamespace,
                                                         log: Records) -> None:
-    """_lose_peers already failed everything with PeerLostError before it unwound."""
+    """_lost already failed everything with PeerLostError before it unwound."""
     engine = Engine(Config(**{**QUIET, "abort_on_error": True}), rank_3_world(world))
     handle = engine.submit(allreduce("a"))
     engine._crash(liveness.RoundAbandoned("rank 1 exited"))
     assert engine.dead is None and not engine.handles.poll(handle)
     assert world.ends == [] and log.records == []
+
+
+# -- a peer lost while the engine is inside a data collective (sentinel.py) --------------------
+LOST = "rank 0: lost a peer: rank 1 (pid 4242 on vm) exited. ..."
+
+
+def test_the_engine_tells_the_sentinel_while_it_runs_a_collective(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = set_up()
+    seen: list[Any] = []
+    run = engine.executor.run
+    monkeypatch.setattr(engine.executor, "run", lambda *args: (
+        seen.append(engine._sentinel.inside), run(*args))[1])
+    handle = engine.submit(allreduce("a"))
+    engine._iteration()
+    outcome(engine, handle)
+    since, ranks = seen[0]
+    assert ranks == (0,) and 0 < since <= time.monotonic()
+    assert engine._sentinel.inside is None                 # not inside one any more
+
+
+def test_the_sentinels_verdict_says_so_fails_everything_and_later_errors_stay_quiet(
+        world: SimpleNamespace, log: Records, capfd: pytest.CaptureFixture) -> None:
+    engine = set_up(abort_on_error=True)
+    handle = engine.submit(allreduce("a"))
+    engine._lost(LOST)                                     # as the sentinel's thread calls it
+    error = outcome(engine, handle)
+    assert isinstance(error, PeerLostError) and str(error) == LOST
+    assert world.broken == [(0, 1, LOST)]
+    assert capfd.readouterr().err.endswith(f"PeerLostError: {LOST}\n")   # said at once
+    engine._lost("rank 0: lost a peer: rank 1 again")     # the engine's own check, later
+    engine._crash(MPI.Exception(MPI.ERR_OTHER))           # the stuck MPI call failing at last
+    assert capfd.readouterr().err == "" and log.records == []
+    assert world.broken == [(0, 1, LOST)] and world.ends == []
+
+
+def test_an_mpi_error_from_a_peers_death_is_a_lost_peer_not_a_bug(
+        world: SimpleNamespace, log: Records, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E.g. MPICH's process_vm_readv failing with ESRCH: the peer's memory is gone."""
+    engine = set_up(abort_on_error=True)
+    monkeypatch.setattr(engine._sentinel, "explain", lambda: LOST)
+    handle = engine.submit(allreduce("a"))
+    engine._crash(MPI.Exception(MPI.ERR_OTHER))
+    assert str(outcome(engine, handle)) == LOST and isinstance(engine.dead, PeerLostError)
+    assert world.broken == [(0, 1, LOST)] and world.ends == [] and log.records == []
+
+
+def test_an_mpi_error_with_every_peer_alive_is_still_a_crash(
+        world: SimpleNamespace, log: Records, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = set_up()
+    monkeypatch.setattr(engine._sentinel, "explain", lambda: None)
+    engine._crash(MPI.Exception(MPI.ERR_OTHER))
+    assert str(engine.dead).startswith("hvdlite engine failed on rank 0: ")
+    assert "this is a bug" in log.text and world.broken == []
+
+
+def test_shutdown_after_a_lost_peer_does_not_wait_for_a_thread_stuck_in_mpi(
+        world: SimpleNamespace, log: Records) -> None:
+    engine = set_up()
+    joins: list[float] = []
+    engine._thread = SimpleNamespace(is_alive=lambda: True, join=joins.append)
+    engine._lost(LOST)
+    engine.shutdown(timeout=30.0)
+    assert joins == [] and "did not stop" not in log.text

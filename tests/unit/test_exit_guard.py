@@ -43,7 +43,7 @@ def hydra(fd: int) -> dict[str, str]:
 
 
 @pytest.mark.timeout(60)
-def test_spawn_starts_one_guard_holding_the_pmi_socket_and_no_stdio(
+def test_spawn_starts_one_guard_holding_the_pmi_socket_and_copies_of_the_output(
         pmi: tuple[socket.socket, socket.socket]) -> None:
     launcher, rank = pmi
     read, write = os.pipe()
@@ -55,8 +55,14 @@ def test_spawn_starts_one_guard_holding_the_pmi_socket_and_no_stdio(
         os.close(read)
         os.close(write)
     assert guard is not None
-    assert guard.args == [sys.executable, "-I", "-S", os.path.abspath(exit_guard.__file__),
-                          str(os.getpid()), str(rank.fileno()), "30.0"]   # 20 s + MARGIN_S
+    *args, launcher_pid, out, err = guard.args
+    assert launcher_pid == str(os.getppid())          # hydra's proxy, whose children are ranks
+    for copy in (out, err):            # made for the guard, closed here again
+        with pytest.raises(OSError):
+            os.fstat(int(copy))
+    assert args == [sys.executable, "-I", "-S", os.path.abspath(exit_guard.__file__),
+                    str(os.getpid()), str(rank.fileno()), "30.0",    # 20 s + MARGIN_S
+                    repr(exit_guard.HOLD_S)]
     assert exit_guard.spawn(hydra(rank.fileno()), peer_timeout=5.0) is guard   # once
     if os.path.isdir(f"/proc/{guard.pid}/fd"):
         for std in (0, 1, 2):
@@ -64,6 +70,9 @@ def test_spawn_starts_one_guard_holding_the_pmi_socket_and_no_stdio(
         held = [os.readlink(f"/proc/{guard.pid}/fd/{fd}")
                 for fd in os.listdir(f"/proc/{guard.pid}/fd")]
         assert pipe not in held
+        # The rank's own stdout and stderr, under other numbers.
+        assert os.readlink(f"/proc/{guard.pid}/fd/{out}") == os.readlink("/proc/self/fd/1")
+        assert os.readlink(f"/proc/{guard.pid}/fd/{err}") == os.readlink("/proc/self/fd/2")
     assert os.getpgid(guard.pid) == os.getpgrp()       # killed with the rank's group
     assert guard.poll() is None                         # holds it while the rank lives
     launcher.close()                                    # the launcher is done with it
@@ -165,9 +174,11 @@ def test_the_guard_sees_its_rank_end_through_a_pidfd(
     assert exit_guard._wait_for_parent(parent.pid, watching(rank), rank.fileno()) is True
 
 
-def _guard(parent: int, fd: int, grace: float) -> subprocess.Popen:
+def _guard(parent: int, fd: int, grace: float, hold: float = 0.0, launcher: int = 0,
+           held: tuple[int, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-I", "-S", exit_guard.__file__, str(parent),
-                             str(fd), str(grace)], pass_fds=(fd,))
+                             str(fd), str(grace), str(hold), str(launcher), *map(str, held)],
+                            pass_fds=(fd, *held))
 
 
 @contextlib.contextmanager
@@ -205,3 +216,66 @@ def test_the_launcher_closing_during_the_grace_ends_the_guard() -> None:
         assert guard.poll() is None
         launcher.close()
         assert guard.wait(timeout=5) == 0
+
+
+@contextlib.contextmanager
+def output_held(hold: float, launcher: int = 0) -> Iterator[tuple[socket.socket,
+                                                                   subprocess.Popen, int]]:
+    """A stand-in rank (a sleep) whose guard holds the rank's end of a PMI socket pair
+    (grace 30 s) and the write end of a pipe standing for its output; yields the
+    launcher's end of the socket, the guard and the pipe's read end, with the rank
+    already killed."""
+    launcher_end, rank_end = socket.socketpair()
+    read, write = os.pipe()
+    parent = subprocess.Popen(["sleep", "30"])
+    guard = _guard(parent.pid, rank_end.fileno(), 30.0, hold, launcher, (write,))
+    rank_end.close()
+    os.close(write)
+    try:
+        time.sleep(0.3)
+        parent.kill()
+        parent.wait()
+        yield launcher_end, guard, read
+    finally:
+        os.close(read)
+        launcher_end.close()
+        guard.kill()
+        guard.wait()
+
+
+def _eof_after(read: int, limit: float) -> float:
+    """Seconds until the pipe's writers are all gone (at most ``limit``)."""
+    started = time.monotonic()
+    ready, _, _ = select.select([read], [], [], limit)
+    assert ready and os.read(read, 1) == b"", "the output is still held"
+    return time.monotonic() - started
+
+
+@pytest.mark.timeout(30)
+def test_the_guard_holds_the_ranks_output_for_the_hold_then_keeps_only_the_socket() -> None:
+    """Without other ranks to wait for (a rank alone on its host, or one started
+    through a wrapper), the output is let go after ``hold``, the PMI socket later."""
+    with output_held(hold=1.0) as (launcher, guard, read):
+        assert 0.6 < _eof_after(read, 10) < 5
+        assert guard.poll() is None                    # the socket is held for the grace
+        launcher.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            launcher.recv(1)
+
+
+@pytest.mark.timeout(30)
+def test_the_guard_lets_go_of_the_output_once_the_other_ranks_have_ended() -> None:
+    """Hydra's proxy is the parent of every rank on its host: this test process plays
+    it, and a second sleep the other rank. Hydra kills the other ranks once a
+    survivor reported the loss; the job ends when the guard then lets go."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        with output_held(hold=30.0, launcher=os.getpid()) as (launcher, guard, read):
+            ready, _, _ = select.select([read], [], [], 1.0)
+            assert not ready                           # the other rank runs: held
+            other.kill()                               # a zombie until waited for
+            assert _eof_after(read, 10) < 3
+            assert guard.poll() is None
+    finally:
+        other.kill()
+        other.wait()

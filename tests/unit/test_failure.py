@@ -251,6 +251,19 @@ def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
     assert ends.calls[1:] == [("Abort", 4), ("_exit", 4)]
 
 
+def test_a_loss_found_here_is_said_in_one_line_at_once(
+        ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under hydra, the first output after a rank was killed ends the job: the line
+    must name the lost rank, and nothing may wait before it."""
+    registered: list[Any] = []
+    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=registered.append))
+    message = "rank 1: lost a peer: rank 3 (pid 812 on node2) exited. No collective ..."
+    failure.report_loss(1, 4, message)
+    assert capfd.readouterr().err == f"[hvdlite] rank 1 of 4 on node7: PeerLostError: {message}\n"
+    assert [call for call in ends.calls if call != ("sleep", 0.0)] == []   # no abort yet
+    assert registered == [failure.abort_if_broken] and failure._broken == message
+
+
 def test_a_known_rank_is_kept_when_a_peer_is_lost(ends: Ends,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=lambda f: None))
