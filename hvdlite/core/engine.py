@@ -248,8 +248,10 @@ class Engine:
                     self.peer_wait.submitted(request.submitted_at)
 
     def _round_vector(self, state: SetState, idle: bool = False) -> array.array:
-        need_full = state.set_id in self._stall_messages or (
-            state.set_id == GLOBAL_SET_ID and self._shutdown_requested)
+        if state.set_id != GLOBAL_SET_ID:   # a rank in join() says so in full rounds
+            need_full = state.set_id in self._stall_messages or self.registry.in_join()
+            return round_vector(state, need_full, self._report_after, idle)
+        need_full = GLOBAL_SET_ID in self._stall_messages or self._shutdown_requested
         return round_vector(state, need_full, self._report_after, idle)
 
     def _while_waiting(self, started: float, now: float) -> None:
@@ -275,8 +277,10 @@ class Engine:
 
     def _full_round(self, state: SetState) -> bool:
         now = time.monotonic()
+        on_global = state.set_id == GLOBAL_SET_ID
         report = Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
-                         self._shutdown_requested and state.set_id == GLOBAL_SET_ID)
+                        self._shutdown_requested and on_global,
+                        not on_global and self.registry.in_join())
         gathered = liveness.gather(state.comm, report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
@@ -297,7 +301,7 @@ class Engine:
     def _decide(self, state: SetState, gathered: list[Report]) -> Verdict:
         coordinator = state.coordinator
         for rank, report in enumerate(gathered):
-            coordinator.ingest(rank, report.descs)
+            coordinator.ingest(rank, report.descs, joined=report.joined)
         responses = coordinator.responses()
         message = self._stall_messages.pop(state.set_id, "")
         shutdown = [r for r, report in enumerate(gathered) if report.shutdown]
