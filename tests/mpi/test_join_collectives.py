@@ -6,7 +6,9 @@ Horovod's pattern: each rank in turn joins first while the others call a collect
 then join too. A collective join() cannot stand in for fails with JoinError on every
 rank that called it; unnamed calls count differently on each rank (the joined rank
 skips one), which from three ranks on left the callers waiting on names no other
-rank would ever submit. An allreduce runs, the joined rank contributing zeros.
+rank would ever submit. An allreduce runs, the joined rank contributing the op's
+identity (zeros for Sum, so that Min, Max and Product cover the ranks that still
+have data).
 
 Assertions come after every rank's last collective: a rank failing earlier would
 leave the others waiting in it.
@@ -130,28 +132,34 @@ def test_a_collective_join_cannot_run_fails_on_every_rank_that_called_it(
     check_turns()
 
 
-OPS = {"sum": hvd.Sum, "average": hvd.Average, "adasum": hvd.Adasum}
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+       "product": hvd.Product, "adasum": hvd.Adasum}
 
 
 def _data(op: str, rank: int, dtype: type) -> np.ndarray:
-    """Small values, none zero; for Adasum one coordinate per rank (orthogonal
-    vectors, whose Adasum is their sum)."""
+    """Values for which a joined rank's zeros would show: positive for Min, negative
+    for Max, none zero; for Adasum one coordinate per rank (orthogonal vectors, whose
+    Adasum is their sum)."""
     if op == "adasum":
         vector = np.zeros(max(hvd.size(), 2), dtype)
         vector[rank] = rank + 1
         return vector
-    return (1 + (np.arange(6) + rank) % 3).astype(dtype)
+    values = 1 + (np.arange(6) + rank) % 3
+    return (-values if op == "max" else values).astype(dtype)
 
 
 def _expected(op: str, ranks: list[int], size: int, dtype: type) -> np.ndarray:
     """The reduction over ``ranks`` (the set's ranks but the joined one); Average
     divides by the set's ``size`` (integers truncated toward zero)."""
     arrays = np.array([_data(op, r, dtype) for r in ranks])
-    if op != "average":
+    if op in ("sum", "adasum"):
         return arrays.sum(axis=0).astype(dtype)
-    if np.dtype(dtype).kind == "i":
-        return np.trunc(arrays.sum(axis=0) / size).astype(dtype)
-    return arrays.sum(axis=0).astype(dtype) / size      # in the dtype, as hvdlite
+    if op == "average":
+        if np.dtype(dtype).kind == "i":
+            return np.trunc(arrays.sum(axis=0) / size).astype(dtype)
+        return arrays.sum(axis=0).astype(dtype) / size      # in the dtype, as hvdlite
+    reduce = {"min": np.min, "max": np.max, "product": np.prod}[op]
+    return reduce(arrays, axis=0).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=["float32", "int32"])
@@ -176,3 +184,26 @@ def test_allreduce_with_a_joined_rank_reduces_the_others(op: str, dtype: type,
         np.testing.assert_array_equal(result, want, err_msg=f"{where}: rank {joined} joined")
     check_turns()
 
+
+def test_grouped_allreduce_with_a_joined_rank(sets: Sets) -> None:
+    """One dtype (bundled into one request) and two dtypes (packed), Sum and Max."""
+    def reduce(ps: Optional[hvd.ProcessSet], members: list[int], joined: int) -> Any:
+        rank, where = hvd.rank(), ps is None
+        one = [_data("sum", rank, np.float64), _data("sum", rank + 1, np.float64)[:4]]
+        two = [_data("max", rank, np.float32), _data("max", rank, np.int64)]
+        return (hvd.grouped_allreduce(one, op=hvd.Sum, process_set=ps,
+                                      name=f"join.grouped.one.{where}.{joined}"),
+                hvd.grouped_allreduce(two, op=hvd.Max, process_set=ps,
+                                      name=f"join.grouped.two.{where}.{joined}"))
+    outcomes, gathers, lasts = _turns(reduce, sets, "grouped")
+    check_turns = _after_turns(gathers, lasts, "grouped")
+    for where, joined, (one, two) in outcomes:
+        members = _pair(joined) if where == "set" else range(hvd.size())
+        others = [r for r in members if r != joined]
+        np.testing.assert_array_equal(one[0], np.sum([_data("sum", r, np.float64)
+                                                      for r in others], axis=0))
+        np.testing.assert_array_equal(one[1], np.sum([_data("sum", r + 1, np.float64)[:4]
+                                                      for r in others], axis=0))
+        np.testing.assert_array_equal(two[0], _expected("max", others, 1, np.float32))
+        np.testing.assert_array_equal(two[1], _expected("max", others, 1, np.int64))
+    check_turns()
