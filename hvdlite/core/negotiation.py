@@ -206,6 +206,13 @@ class Coordinator:
         join = self._join_response(set(self._join_order))
         return ready + ([join] if join else [])
 
+    def clear(self) -> None:
+        """Forget every report and join (the ranks failed all their pending requests)."""
+        self._table.clear()
+        self._join_order.clear()
+        self._flagged = set()
+        self._joined_now = frozenset()
+
     def _join_response(self, joined: set[int]) -> Optional[Response]:
         join_names = [n for n, e in self._table.items()
                       if any(d.kind is Kind.JOIN for d in e.reports.values())]
@@ -252,6 +259,7 @@ class Report:
     descs: list
     shutdown: bool
     joined: bool = False        # in join(): said on sets other than the global one
+    pending: Optional[list] = None   # asked for by a deadlock check (core/deadlock.py)
 
 
 @dataclasses.dataclass
@@ -260,3 +268,4 @@ class Verdict:
     responses: list[Response]
     shutdown_ranks: list[int]
     stall: str = ""
+    deadlock: str = ""          # every rank is blocked for good: fail their pending requests

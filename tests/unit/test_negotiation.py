@@ -243,3 +243,12 @@ def test_a_joined_rank_is_not_missing_from_a_stalled_allreduce() -> None:
     coordinator.ingest(1, [(d(name="x"), 0.0)], now=10.0)
     assert coordinator.responses() == []
     assert coordinator.stalled(now=20.0, after=5.0) == [("x", [1], [2], 10.0)]
+
+
+def test_clear_forgets_reports_and_joins() -> None:
+    coordinator = Coordinator(size=2)
+    coordinator.ingest(0, [(JOIN, 0.0), (d(name="x"), 0.0)])
+    coordinator.clear()
+    assert coordinator.joined() == [] and coordinator.stalled(now=1e9, after=0.0) == []
+    coordinator.ingest(1, [(d(name="x"), 0.0)])
+    assert coordinator.responses() == []                       # rank 0's report is gone
