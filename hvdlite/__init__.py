@@ -18,10 +18,10 @@ from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_init
                                  local_device, local_rank, local_size, mpi_threads_supported,
                                  rank, shutdown, size)
 from hvdlite.api.compression import Compression
-from hvdlite.errors import (CollectiveFailedError, ConfigError, DuplicateNameError,
-                            HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
-                            HvdliteError, HvdliteTypeError, JoinError, MismatchError,
-                            NotInitializedError, NotSupportedError, OutputPathError,
+from hvdlite.errors import (CollectiveFailedError, ConfigError, DeadlockError,
+                            DuplicateNameError, HorovodInternalError, HostsUpdatedError,
+                            HostsUpdatedInterrupt, HvdliteError, HvdliteTypeError, JoinError,
+                            MismatchError, NotInitializedError, NotSupportedError, OutputPathError,
                             PeerLostError, ShutdownError, StallError, StateError,
                             UsageError)
 from hvdlite.reduce_op import ReduceOp
@@ -44,8 +44,8 @@ COMMON_NAMES = (
     "cuda_built", "rocm_built", "ddl_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",
     "HvdliteError", "UsageError", "HvdliteTypeError", "NotInitializedError", "NotSupportedError",
-    "DuplicateNameError", "ConfigError", "MismatchError", "JoinError", "StallError",
-    "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
+    "DuplicateNameError", "ConfigError", "MismatchError", "DeadlockError", "JoinError",
+    "StallError", "ShutdownError", "PeerLostError", "CollectiveFailedError", "HostsUpdatedError",
     "StateError", "HorovodInternalError", "HostsUpdatedInterrupt", "OutputPathError",
 )
 

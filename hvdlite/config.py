@@ -188,7 +188,9 @@ class Config:
     stall_check_time: float = _knob(
         60.0, parse_nonneg_float,
         "Seconds a tensor may wait for other ranks before rank 0 logs it with the "
-        "ranks that have not submitted it. 0 disables the check.")
+        "ranks that have not submitted it. A deadlock (every rank blocked in hvdlite on "
+        "collectives another rank has not submitted) is a DeadlockError on every rank "
+        "after half of it. 0 disables both.")
     stall_shutdown_time: float = _knob(
         0.0, parse_nonneg_float,
         "If > 0, a tensor stalled this many seconds becomes a StallError on every "

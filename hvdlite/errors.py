@@ -53,6 +53,13 @@ class MismatchError(HvdliteError):
     rank's arguments were invalid (every rank raises this, naming that rank)."""
 
 
+class DeadlockError(MismatchError):
+    """Every rank waited in hvdlite for a collective that another rank had not
+    submitted, with no rank free to submit it (ranks ran different numbers of
+    batches, or called different collectives): the job could never continue, so
+    every rank's pending collectives fail, naming what each rank waited on."""
+
+
 class CollectiveFailedError(HvdliteError):
     """A collective could not complete: the engine stopped, a peer was lost or a tensor
     stalled. Horovod's ``HorovodInternalError``: ``hvd.elastic.run`` restores the last

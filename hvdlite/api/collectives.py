@@ -218,8 +218,9 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
 
 def join() -> int:
     """Signal this rank is out of data. Until every rank has joined, this rank
-    contributes zeros to the others' allreduces (Average still divides by the
-    full size). Returns the rank that joined last."""
+    contributes the op's identity to the others' allreduces (zeros for Sum; Average
+    still divides by the full size), and any other collective on a set that holds
+    it raises JoinError. Returns the rank that joined last."""
     return synchronize(Call(Kind.JOIN, "join", None).submit(None))
 
 

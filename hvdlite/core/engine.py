@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 from mpi4py import MPI
 
-from hvdlite.core import exit_guard, failure, liveness, outputs, stall, waiting
+from hvdlite.core import deadlock, exit_guard, failure, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
@@ -38,8 +38,8 @@ from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
-from hvdlite.errors import (DuplicateNameError, HvdliteError, PeerLostError, ShutdownError,
-                            StallError, error_class)
+from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, PeerLostError,
+                            ShutdownError, StallError, error_class)
 
 _log = logging.getLogger("hvdlite")
 _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
@@ -69,6 +69,7 @@ class Engine:
         self._stall_messages: dict[int, str] = {}
         self._report_after = stall.report_after(config)   # read every round
         self._inspectors: dict[int, stall.StallInspector] = {}
+        self._deadlock = deadlock.DeadlockWatch(self.handles, config, comm.Get_rank() == 0)
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
         # HVDLITE_REPORT: time this rank's requests wait for agreement (engine thread).
@@ -206,6 +207,7 @@ class Engine:
         vectors = [self._round_vector(s, idle) for s in members]
         requests = [s.round.start() for s in members]     # each over its vector
         self._waiter.wait(requests)
+        self._deadlock.observe(vectors[0][0])      # members[0] is the global set
         if not idle or not all(v[0] & RANK_IDLE for v in vectors):
             self._idle.busy()     # a rank has work: tick every cycle, it may wait on us
         for state, vector in zip(members, vectors):
@@ -252,9 +254,14 @@ class Engine:
                     self.peer_wait.submitted(request.submitted_at)
 
     def _round_vector(self, state: SetState, idle: bool = False) -> array.array:
-        need_full = state.set_id in self._stall_messages or (
-            state.set_id == GLOBAL_SET_ID and self._shutdown_requested)
-        return round_vector(state, need_full, self._report_after, idle)
+        if state.set_id != GLOBAL_SET_ID:   # a rank in join() says so in full rounds
+            need_full = state.set_id in self._stall_messages or self.registry.in_join()
+            return round_vector(state, need_full, self._report_after, idle)
+        need_full = (GLOBAL_SET_ID in self._stall_messages or self._shutdown_requested
+                     or self._deadlock.due)
+        vector = round_vector(state, need_full, self._report_after, idle)
+        vector[0] |= self._deadlock.flags(self.executor.busy)
+        return vector
 
     def _while_waiting(self, started: float, now: float) -> None:
         """A round has been incomplete for a tick: run what otherwise runs only
@@ -282,8 +289,11 @@ class Engine:
 
     def _full_round(self, state: SetState) -> bool:
         now = time.monotonic()
+        on_global = state.set_id == GLOBAL_SET_ID
         report = Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
-                         self._shutdown_requested and state.set_id == GLOBAL_SET_ID)
+                        self._shutdown_requested and on_global,
+                        not on_global and self.registry.in_join(),
+                        self._deadlock.pending(self.registry.members()) if on_global else None)
         gathered = liveness.gather(state.comm, report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
@@ -299,16 +309,21 @@ class Engine:
         if verdict.stall:
             self._stop(StallError(verdict.stall))
             return False
+        if verdict.deadlock:    # every rank fails what it has pending; the engine goes on
+            deadlock.fail_all(self.registry.members(), self.fail_set, DeadlockError(
+                f"rank {self._comm.Get_rank()}: {verdict.deadlock}"))
         return True
 
     def _decide(self, state: SetState, gathered: list[Report]) -> Verdict:
         coordinator = state.coordinator
         for rank, report in enumerate(gathered):
-            coordinator.ingest(rank, report.descs)
+            coordinator.ingest(rank, report.descs, joined=report.joined)
         responses = coordinator.responses()
         message = self._stall_messages.pop(state.set_id, "")
         shutdown = [r for r, report in enumerate(gathered) if report.shutdown]
-        return Verdict(responses, shutdown, message)
+        stuck = "" if state.set_id != GLOBAL_SET_ID else self._deadlock.judge(
+            gathered, responses, self.registry.registered())
+        return Verdict(responses, shutdown, message, stuck)
 
     def _check_stalls(self) -> None:
         """On each coordinator, between rounds. A stall that must become an error
@@ -322,6 +337,7 @@ class Engine:
     def _dispatch(self, state: SetState, responses: Sequence[Response], cached: bool,
                   plan_key: Optional[tuple] = None) -> None:
         now = time.monotonic()
+        self._deadlock.agreed += len(responses)
         data, control, agreed = [], [], {}
         for response in responses:
             request = state.pending.pop(response.name, None)
@@ -367,7 +383,7 @@ class Engine:
             self.config = self.config.replace(**dict(desc.settings))
             self._report_after = stall.report_after(self.config)
             self.executor.reconfigure(self.config)
-            self._waiter.config = self.config
+            self._waiter.config = self._deadlock.config = self.config
             for inspector in self._inspectors.values():
                 inspector.config = self.config
         if request is not None:

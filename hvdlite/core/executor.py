@@ -24,7 +24,7 @@ from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
 from hvdlite.core.recorder import ReductionCount
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
-from hvdlite.reduce_op import OPS_BY_VALUE
+from hvdlite.reduce_op import OPS_BY_VALUE, identity
 
 Complete = Callable[[Request, Any], None]
 Started = tuple[Work, Any, Any]   # a collective's work, its result, its backend (or None)
@@ -216,7 +216,7 @@ class Executor:
         else:
             counts = [r.count for r in group]
             buf = self._fusion_view(device, wide, sum(counts))
-            _pack(xp, requests, counts, buf, first.desc.prescale)
+            _pack(xp, requests, counts, buf, first.desc.prescale, op)
             backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
             source = None
         timeline = self._timeline()     # looked up per phase: the user may start one
@@ -392,17 +392,21 @@ def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
 
 
 def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
-          buf: Any, prescale: float) -> None:
+          buf: Any, prescale: float, op: ReduceOp) -> None:
     if all(request is not None for request in requests):
         xp.concatenate([r.array.reshape(-1) for r in requests], out=buf, casting="unsafe")
-    else:
-        for request, start, count in zip(requests, fusion.offsets(counts), counts):
-            piece = buf[start:start + count]
-            if request is None:      # this rank has joined: contribute zeros
-                piece[...] = 0
-            else:
-                piece[...] = request.array.reshape(-1)
+        scale(xp, buf, prescale)
+        return
+    # This rank has joined: it contributes the op's identity (zeros for Sum), written
+    # after the prescale, which would turn Min's +inf into -inf for a negative factor.
+    for request, start, count in zip(requests, fusion.offsets(counts), counts):
+        buf[start:start + count] = 0 if request is None else request.array.reshape(-1)
     scale(xp, buf, prescale)
+    fill = identity(op, buf.dtype)
+    if fill != 0:
+        for request, start, count in zip(requests, fusion.offsets(counts), counts):
+            if request is None:
+                buf[start:start + count] = fill
 
 
 def _unpack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],

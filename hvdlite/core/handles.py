@@ -44,6 +44,15 @@ class HandleTable:
         """User threads blocked in wait(); tells the engine to spin."""
         return len(self._parked)
 
+    @property
+    def created(self) -> int:
+        """Handles created so far: a count that moves with every submission."""
+        return self._next
+
+    def parked(self) -> set[int]:
+        """The handles user threads are blocked on now."""
+        return set(self._parked)
+
     def create(self, finish: Finish = None) -> int:
         """A new pending handle. ``finish`` runs on the waiting thread and turns the
         engine's result into the object to return, so no binding keeps its own map

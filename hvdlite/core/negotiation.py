@@ -96,18 +96,27 @@ def _check_alltoall_splits(reports: dict[int, Descriptor], size: int) -> Optiona
     return None
 
 
-def build_response(reports: dict[int, Descriptor], joined: Sequence[int]) -> Response:
-    """A validated Response for a name every non-joined member has reported."""
+def build_response(reports: dict[int, Descriptor], joined: Sequence[int],
+                   members: Optional[Sequence[int]] = None) -> Response:
+    """A validated Response for a name every non-joined member has reported (or, while
+    a rank is joined, for anything but an allreduce: an error). ``members`` maps the
+    set's ranks to global ranks, for messages (default: the global set)."""
     ranks = sorted(reports)
     desc = reports[ranks[0]]
-    mismatch = find_marker(reports) or find_mismatch(reports)
+    marker = find_marker(reports)
+    if marker:
+        return Response(desc=desc, error=marker, error_kind=ErrorKind.MISMATCH)
+    if joined and desc.kind is not Kind.ALLREDUCE:
+        # Before comparing: the reports may be some of the ranks' only.
+        named = sorted(joined) if members is None else [members[r] for r in sorted(joined)]
+        return Response(desc=desc, error_kind=ErrorKind.JOIN, error=(
+            f"{desc.kind.value} '{desc.name}' cannot run while ranks {named} are in "
+            "join(): a joined rank takes part only in allreduce until every rank has "
+            f"joined. Call {desc.kind.value} on every rank before any of them calls "
+            "join(), or after join() has returned."))
+    mismatch = find_mismatch(reports)
     if mismatch:
         return Response(desc=desc, error=mismatch, error_kind=ErrorKind.MISMATCH)
-    if joined and desc.kind is not Kind.ALLREDUCE:
-        return Response(desc=desc, error_kind=ErrorKind.JOIN, error=(
-            f"{desc.kind.value} '{desc.name}' cannot run while ranks {sorted(joined)} have "
-            "called join(): joined ranks only take part in allreduce. Finish every other "
-            "collective before join()."))
     response = Response(desc=desc, joined=tuple(sorted(joined)))
     if desc.kind is Kind.ALLGATHER:
         response.first_dims = tuple(reports[r].shape[0] if reports[r].shape else 1 for r in ranks)
@@ -130,19 +139,37 @@ class _Entry:
     warned: bool = False
 
 
-class Coordinator:
-    """The message table of one process set, held by its rank 0."""
+def _joins(entry: _Entry) -> bool:
+    return any(d.kind is Kind.JOIN for d in entry.reports.values())
 
-    def __init__(self, size: int) -> None:
+
+def _only_allreduce(entry: _Entry) -> bool:
+    return all(d.kind is Kind.ALLREDUCE for d in entry.reports.values())
+
+
+class Coordinator:
+    """The message table of one process set, held by its rank 0.
+
+    A rank in join() is joined on every set it belongs to: on the global set its
+    JOIN request says so; on another set its report says so each full round
+    (``ingest(..., joined=True)``), since join() is submitted to the global set only."""
+
+    def __init__(self, size: int, members: Optional[Sequence[int]] = None) -> None:
         self.size = size
+        self.members = members      # the set's global ranks, for messages
         self._table: dict[str, _Entry] = {}
         self._join_order: dict[int, int] = {}
+        self._flagged: set[int] = set()     # ranks whose report this round says "in join()"
+        self._joined_now: frozenset[int] = frozenset()   # as of the last responses()
         self._round = 0
 
     def ingest(self, rank: int, descs: Sequence[tuple[Descriptor, float]],
-               now: Optional[float] = None) -> None:
-        """Record a rank's pending descriptors; ``age`` is how long it has waited."""
+               now: Optional[float] = None, joined: bool = False) -> None:
+        """Record a rank's pending descriptors; ``age`` is how long it has waited.
+        ``joined``: the rank is in join() (reported on sets other than the global one)."""
         now = time.monotonic() if now is None else now
+        if joined:
+            self._flagged.add(rank)
         for desc, age in descs:
             entry = self._table.get(desc.name)
             if entry is None:
@@ -157,20 +184,34 @@ class Coordinator:
         return sorted(self._join_order)
 
     def responses(self) -> list[Response]:
-        """Responses for every name now complete, in first-seen order."""
+        """Responses for every name now complete, in first-seen order. While a rank is
+        joined, anything but an allreduce fails at once for the ranks that reported it:
+        the joined rank leaves join() only once every rank has joined, so it cannot
+        run, and waiting for the other ranks' reports would hang wherever they submit
+        it under another name (unnamed ops counted differently on each rank)."""
         self._round += 1
-        joined = self.joined()
-        joined_set = set(joined)
+        joined_set = set(self._join_order) | self._flagged
+        self._flagged = set()
+        self._joined_now = frozenset(joined_set)
+        joined = sorted(joined_set)
         ready = []
         for name, entry in sorted(self._table.items(), key=lambda kv: kv[1].first_seen):
-            if any(d.kind is Kind.JOIN for d in entry.reports.values()):
+            if _joins(entry):
                 continue
-            if all(r in entry.reports or r in joined_set for r in range(self.size)):
-                ready.append(build_response(entry.reports, joined))
+            if ((joined and not _only_allreduce(entry))
+                    or all(r in entry.reports or r in joined_set for r in range(self.size))):
+                ready.append(build_response(entry.reports, joined, self.members))
         for response in ready:
             del self._table[response.name]
-        join = self._join_response(joined_set)
+        join = self._join_response(set(self._join_order))
         return ready + ([join] if join else [])
+
+    def clear(self) -> None:
+        """Forget every report and join (the ranks failed all their pending requests)."""
+        self._table.clear()
+        self._join_order.clear()
+        self._flagged = set()
+        self._joined_now = frozenset()
 
     def _join_response(self, joined: set[int]) -> Optional[Response]:
         join_names = [n for n, e in self._table.items()
@@ -192,12 +233,13 @@ class Coordinator:
         """(name, ranks waiting, ranks missing, seconds) for tensors waiting >= after."""
         found = []
         for name, entry in self._table.items():
-            if any(d.kind is Kind.JOIN for d in entry.reports.values()):
+            if _joins(entry):
                 continue  # waiting in join() for slower ranks is expected, not a stall
             waited = now - entry.first_seen
             if waited >= after:
                 have = sorted(entry.reports)
-                missing = [r for r in range(self.size) if r not in entry.reports]
+                missing = [r for r in range(self.size)
+                           if r not in entry.reports and r not in self._joined_now]
                 if missing:
                     found.append((name, have, missing, waited))
         return found
@@ -216,6 +258,8 @@ class Report:
     """What one rank sends in a full round."""
     descs: list
     shutdown: bool
+    joined: bool = False        # in join(): said on sets other than the global one
+    pending: Optional[list] = None   # asked for by a deadlock check (core/deadlock.py)
 
 
 @dataclasses.dataclass
@@ -224,3 +268,4 @@ class Verdict:
     responses: list[Response]
     shutdown_ranks: list[int]
     stall: str = ""
+    deadlock: str = ""          # every rank is blocked for good: fail their pending requests

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.negotiation import Coordinator
-from hvdlite.core.requests import Request
+from hvdlite.core.requests import Kind, Request
 
 GLOBAL_SET_ID = 0
 
@@ -104,6 +104,11 @@ class ProcessSetRegistry:
     def member(self, set_id: int) -> Optional[SetState]:
         return self._members.get(set_id)
 
+    def in_join(self) -> bool:
+        """Whether this rank's join() is pending (join is submitted to the global set)."""
+        request = self._members[GLOBAL_SET_ID].pending.get("join")
+        return request is not None and request.desc.kind is Kind.JOIN
+
     def members(self) -> list[SetState]:
         """The sets this rank negotiates on, in id order (the same order everywhere).
         Read several times per engine iteration, so kept sorted, not sorted per call."""
@@ -121,7 +126,7 @@ class ProcessSetRegistry:
             comm = world.Split(0 if member else MPI.UNDEFINED, key=world.Get_rank())
         self._ranks[set_id] = ranks
         if comm != MPI.COMM_NULL:
-            coordinator = Coordinator(comm.Get_size()) if comm.Get_rank() == 0 else None
+            coordinator = Coordinator(comm.Get_size(), ranks) if comm.Get_rank() == 0 else None
             self._members[set_id] = SetState(set_id, ranks, comm,
                                              ResponseCache(self._cache_capacity), coordinator)
             self._reorder()

@@ -104,7 +104,7 @@ class Response:
 
     ``desc`` is the coordinator's view. ``first_dims`` (allgather) and
     ``split_matrix`` (alltoall, row = sender) carry what differs per rank.
-    ``joined`` lists ranks that called join() and contribute zeros.
+    ``joined`` lists ranks that called join() and contribute the op's identity.
     """
     desc: Descriptor
     first_dims: Optional[tuple[int, ...]] = None

@@ -58,9 +58,10 @@ def allreduce(name: str, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, *,
 def expected(arrays: list[Optional[np.ndarray]], like: np.ndarray, op: ReduceOp,
              prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
     """What every rank must get: contributions widened, prescaled, reduced in rank
-    order, divided (Average, by the set's size: joined ranks count) and postscaled."""
+    order over the ranks that have not joined (``None``), divided (Average, by the
+    set's size: joined ranks count) and postscaled."""
     wide = WIDE.get(like.dtype, like.dtype)
-    parts = [np.zeros(like.shape, wide) if a is None else a.astype(wide) for a in arrays]
+    parts = [a.astype(wide) for a in arrays if a is not None]
     for part in parts:
         if prescale != 1.0:
             np.multiply(part, prescale, out=part, casting="unsafe")

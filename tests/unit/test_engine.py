@@ -312,8 +312,9 @@ def test_a_shutdown_asks_for_a_full_round_on_the_global_set_only() -> None:
     other = second_set(engine)
 
     def words() -> list[int]:
-        """Each set's flag word: NO_FULL_ROUND, or 0 where this rank needs a full round."""
-        return [engine._round_vector(engine.registry.member(s))[0] for s in (0, other)]
+        """Each set's NO_FULL_ROUND flag, or 0 where this rank needs a full round."""
+        return [engine._round_vector(engine.registry.member(s))[0] & NO_FULL_ROUND
+                for s in (0, other)]
 
     assert words() == [NO_FULL_ROUND, NO_FULL_ROUND]
     engine.shutdown()
@@ -347,7 +348,7 @@ def test_a_reconfigured_stall_time_decides_when_a_cached_request_is_reported() -
         request.submitted_at -= seconds_pending
         engine.submit(request)
         engine._drain_queue()
-        flag = engine._round_vector(engine.registry.member(0))[0]
+        flag = engine._round_vector(engine.registry.member(0))[0] & NO_FULL_ROUND
         engine._iteration()
         assert engine.handles.poll(request.handle)
         engine.handles.wait(request.handle)

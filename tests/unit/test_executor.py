@@ -176,11 +176,13 @@ def test_a_lone_widened_tensor_goes_through_the_fusion_buffer(size: int) -> None
 
 # --- allreduce: joined ranks ------------------------------------------------------------
 
-@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX,
+                                ReduceOp.PRODUCT])
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_joined_ranks_contribute_zeros(size: int, op: ReduceOp) -> None:
-    """The last rank has joined: it submitted nothing, sends zeros and completes
-    nothing; Average still divides by the set's size. Fused and lone tensors."""
+def test_joined_ranks_contribute_the_identity_of_the_op(size: int, op: ReduceOp) -> None:
+    """The last rank has joined: it submitted nothing, sends what leaves the result
+    unchanged (zeros for Sum; not for Min, Max, Product) and completes nothing;
+    Average still divides by the set's size. Fused and lone tensors."""
     joined = (size - 1,)
 
     def make(rank: int) -> list[Request]:

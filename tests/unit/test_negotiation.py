@@ -99,7 +99,7 @@ def test_error_markers_name_every_bad_rank_and_win_over_mismatches() -> None:
 def test_joined_ranks_allow_only_allreduce() -> None:
     response = build_response({0: d(Kind.BROADCAST, root=0)}, joined=[2, 1])
     assert response.error_kind is ErrorKind.JOIN
-    assert "ranks [1, 2] have called join()" in response.error
+    assert "ranks [1, 2] are in join()" in response.error
     ok = build_response({0: d(), 1: d()}, joined=[3, 2])
     assert not ok.error and ok.error_kind is None and ok.joined == (2, 3)
     assert build_response({0: d(), 1: d()}, joined=[]).joined == ()
@@ -185,3 +185,70 @@ def test_join_completes_beyond_small_integer_sizes() -> None:
         coordinator.ingest(rank, [(join, 0.0)])
     (done,) = coordinator.responses()
     assert done.result == 299 and len(done.joined) == 300
+
+
+# -- while a rank is joined -------------------------------------------------------------------
+JOIN = Descriptor(name="join", kind=Kind.JOIN)
+
+
+@pytest.mark.parametrize("kind", [Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
+                                  Kind.REDUCESCATTER, Kind.BARRIER])
+def test_while_a_rank_is_joined_anything_but_allreduce_fails_for_whoever_reported_it(
+        kind: Kind) -> None:
+    """Failed at once, without waiting for the other ranks' reports: they may submit
+    it under another name (unnamed ops counted differently), and would wait forever."""
+    coordinator = Coordinator(size=4)
+    coordinator.ingest(0, [(JOIN, 0.0)])
+    coordinator.ingest(2, [(d(kind, name="x.2"), 0.0)])
+    (failed,) = coordinator.responses()
+    assert failed.name == "x.2" and failed.error_kind is ErrorKind.JOIN
+    assert "ranks [0] are in join()" in failed.error
+    coordinator.ingest(1, [(d(kind, name="x.2"), 0.0)])      # the same name, later
+    coordinator.ingest(3, [(d(kind, name="x.3"), 0.0)])
+    assert [(r.name, r.error_kind) for r in coordinator.responses()] == [
+        ("x.2", ErrorKind.JOIN), ("x.3", ErrorKind.JOIN)]
+
+
+def test_a_partial_report_is_a_join_error_not_a_mismatch() -> None:
+    """Splits are checked against the set's size, which two reports of four are not."""
+    coordinator = Coordinator(size=4)
+    coordinator.ingest(0, [(JOIN, 0.0)])
+    for rank in (1, 2):
+        coordinator.ingest(rank, [(d(Kind.ALLTOALL, shape=(8, 2), splits=(2, 2, 2, 2)), 0.0)])
+    (failed,) = coordinator.responses()
+    assert failed.error_kind is ErrorKind.JOIN
+
+
+def test_a_rank_in_join_on_another_set_contributes_to_its_allreduces() -> None:
+    """join() goes to the global set; on another set the rank's report says it is in
+    join(), for that round: its allreduce runs without it, anything else fails, and
+    messages name global ranks."""
+    coordinator = Coordinator(size=2, members=(3, 5))
+    coordinator.ingest(0, [], joined=True)
+    coordinator.ingest(1, [(d(name="sum"), 0.0), (d(Kind.ALLGATHER, name="gather"), 0.0)])
+    reduced, gathered = coordinator.responses()
+    assert reduced.name == "sum" and not reduced.error and reduced.joined == (0,)
+    assert gathered.error_kind is ErrorKind.JOIN and "ranks [3] are in join()" in gathered.error
+    coordinator.ingest(0, [])                                  # left join(): waited for again
+    coordinator.ingest(1, [(d(name="next"), 0.0)])
+    assert coordinator.responses() == []
+    coordinator.ingest(0, [(d(name="next"), 0.0)])
+    (agreed,) = coordinator.responses()
+    assert agreed.name == "next" and agreed.joined == ()
+
+
+def test_a_joined_rank_is_not_missing_from_a_stalled_allreduce() -> None:
+    coordinator = Coordinator(size=3)
+    coordinator.ingest(0, [(JOIN, 0.0)])
+    coordinator.ingest(1, [(d(name="x"), 0.0)], now=10.0)
+    assert coordinator.responses() == []
+    assert coordinator.stalled(now=20.0, after=5.0) == [("x", [1], [2], 10.0)]
+
+
+def test_clear_forgets_reports_and_joins() -> None:
+    coordinator = Coordinator(size=2)
+    coordinator.ingest(0, [(JOIN, 0.0), (d(name="x"), 0.0)])
+    coordinator.clear()
+    assert coordinator.joined() == [] and coordinator.stalled(now=1e9, after=0.0) == []
+    coordinator.ingest(1, [(d(name="x"), 0.0)])
+    assert coordinator.responses() == []                       # rank 0's report is gone
