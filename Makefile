@@ -57,7 +57,8 @@ NP3_TESTS := tests/mpi/test_scaling.py
 # Keras on the torch backend needs KERAS_BACKEND=torch before keras is imported: its own runs
 # (in the runs above test_keras_torch*.py skip themselves; test_keras_momentum.py runs on both).
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
-	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py
+	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py \
+	tests/mpi/test_keras_values.py
 
 # The GPU backends' multi-rank code (NCCL groups, offsets, roots; the staged path) on the
 # CPU stand-in for CuPy and NCCL (tests/standin): a process of its own per run, because
