@@ -5,7 +5,9 @@ also runs this file with KERAS_BACKEND=torch):
   scalars, lists and NumPy arrays, as Horovod's Keras API does
   (``hvd.broadcast(resume_from_epoch, 0, name='resume_from_epoch')``), and return a
   tensor of the backend with the dtype ``tf.constant`` gives the value; their
-  positional order is Horovod's Keras one (``allreduce(value, name, average, ...)``).
+  positional order is Horovod's Keras one (``allreduce(value, name, average, ...)``);
+- ``load_model`` on a legacy ``.h5`` file, which names the optimizer 'sgd' or
+  'adam' after Keras lowercases it, gives back a DistributedOptimizer.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from tests.mpi.keras_backend import keras
 
 import hvdlite.keras as hvd
 from hvdlite.keras.backend import BACKEND
+from hvdlite.keras.optimizer import _Distributed
 
 
 def _check(result: Any, dtype: str, expected: Any) -> None:
@@ -69,3 +72,26 @@ def test_a_value_inside_tf_function() -> None:
     import tensorflow as tf
     traced = tf.function(lambda: hvd.broadcast(7 + hvd.rank(), 0, name="in.graph"))
     _check(traced(), "int32", 7)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_load_model_of_an_h5_file_gives_a_distributed_optimizer(optimizer: str,
+                                                                tmp_path: Any) -> None:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(2)])
+    # A loss object: Keras 3 cannot read the string "mse" back from an .h5 file.
+    model.compile(optimizer=hvd.DistributedOptimizer(getattr(keras.optimizers, optimizer)(0.1)),
+                  loss=keras.losses.MeanSquaredError())
+    model.fit(np.ones((4 * hvd.size(), 4)), np.ones((4 * hvd.size(), 2)), batch_size=4,
+              epochs=1, verbose=0)
+    path = str(tmp_path / f"checkpoint-{hvd.rank()}.h5")
+    model.save(path)
+    loaded = hvd.load_model(path)
+    assert isinstance(loaded.optimizer, _Distributed), type(loaded.optimizer).__mro__
+    assert type(loaded.optimizer).__name__ == optimizer
+    assert int(loaded.optimizer.iterations) == hvd.size()
+    for saved, restored in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(saved),
+                                      keras.ops.convert_to_numpy(restored))
+    with pytest.raises(hvd.NotSupportedError, match="legacy_opts"):
+        hvd.load_model(path, legacy_opts=True)
