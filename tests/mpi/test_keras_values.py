@@ -89,6 +89,8 @@ def test_load_model_of_an_h5_file_gives_a_distributed_optimizer(optimizer: str,
     loaded = hvd.load_model(path)
     assert isinstance(loaded.optimizer, _Distributed), type(loaded.optimizer).__mro__
     assert type(loaded.optimizer).__name__ == optimizer
+    # The class a script's keras.optimizers.SGD(...) has (a torch-specialized one on torch).
+    assert isinstance(loaded.optimizer, type(getattr(keras.optimizers, optimizer)(0.1)))
     assert int(loaded.optimizer.iterations) == hvd.size()
     for saved, restored in zip(model.weights, loaded.weights):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(saved),
