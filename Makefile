@@ -62,7 +62,7 @@ JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
 # (in the runs above test_keras_torch*.py skip themselves; test_keras_momentum.py runs on both).
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
 	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py \
-	tests/mpi/test_deadlock_keras.py
+	tests/mpi/test_deadlock_keras.py tests/mpi/test_keras_values.py
 
 # The GPU backends' multi-rank code (NCCL groups, offsets, roots; the staged path) on the
 # CPU stand-in for CuPy and NCCL (tests/standin): a process of its own per run, because

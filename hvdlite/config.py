@@ -5,10 +5,13 @@ else; the README's variable table is checked against this list by a test.
 Values resolve as: explicit argument > environment > default. A misspelt
 ``HVDLITE_`` variable is reported (it would otherwise be silently ignored).
 
-A few knobs also accept Horovod's variable (``HOROVOD_TIMELINE``...), which
-Horovod scripts and job files set; the ``HVDLITE_`` one wins where both are set
-(a warning names both when they differ), since it can only have been meant for
-hvdlite while a job file may set Horovod's for every framework it runs.
+Knobs with a Horovod equivalent also accept Horovod's variable
+(``HOROVOD_FUSION_THRESHOLD``, ``HOROVOD_TIMELINE``...), which Horovod scripts and
+job files set; the ``HVDLITE_`` one wins where both are set (a warning names both
+when their values differ), since it can only have been meant for hvdlite while a
+job file may set Horovod's for every framework it runs. ``hvdlite.horovod_env``
+converts the values whose form differs and says why the other ``HOROVOD_*``
+variables are ignored (each warned about once per process).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import math
 import os
 from typing import Any, Callable, Mapping, Optional
 
+from hvdlite import horovod_env
 from hvdlite.errors import ConfigError
 
 _log = logging.getLogger("hvdlite")
@@ -89,7 +93,9 @@ class Option:
     parse: Callable[[str], Any]
     doc: str
 
-    aliases: tuple[str, ...] = ()   # Horovod's names for it, read when HVDLITE_* is unset
+    # Horovod's names for it, read when HVDLITE_* is unset; the first set that sets
+    # something wins (hvdlite.horovod_env converts their values).
+    aliases: tuple[str, ...] = ()
 
     @property
     def env(self) -> str:
@@ -117,11 +123,13 @@ class Config:
         "any rank has work; once every rank is idle the wait doubles each round, up "
         "to 64 cycles and 0.1 s. Work submitted locally wakes the engine at once, so "
         "this bounds only how long a rank with work waits for an idle peer (one on a "
-        "process set the peer is not in), and the idle CPU cost.")
+        "process set the peer is not in), and the idle CPU cost.",
+        aliases=("HOROVOD_CYCLE_TIME",))
     fusion_threshold: int = _knob(
         64 << 20, parse_bytes,
         "Bytes of same-dtype allreduce tensors packed into one fused reduction "
-        "(the persistent fusion buffer's size). 0 disables fusion.")
+        "(the persistent fusion buffer's size). 0 disables fusion.",
+        aliases=("HOROVOD_FUSION_THRESHOLD",))
     direct_threshold: int = _knob(
         1 << 20, parse_bytes,
         "Allreduce tensors of at least this many bytes are never packed into the "
@@ -184,17 +192,20 @@ class Config:
         1024, parse_nonneg_int,
         "Negotiated responses remembered per process set. A step whose tensors "
         "are all cached is agreed with one small bit-vector allreduce instead of "
-        "a gather and a broadcast.")
+        "a gather and a broadcast.",
+        aliases=("HOROVOD_CACHE_CAPACITY",))
     stall_check_time: float = _knob(
         60.0, parse_nonneg_float,
         "Seconds a tensor may wait for other ranks before rank 0 logs it with the "
         "ranks that have not submitted it. A deadlock (every rank blocked in hvdlite on "
         "collectives another rank has not submitted) is a DeadlockError on every rank "
-        "after half of it. 0 disables both.")
+        "after half of it. 0 disables both.",
+        aliases=("HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS"))
     stall_shutdown_time: float = _knob(
         0.0, parse_nonneg_float,
         "If > 0, a tensor stalled this many seconds becomes a StallError on every "
-        "rank and hvdlite stops, instead of waiting forever.")
+        "rank and hvdlite stops, instead of waiting forever.",
+        aliases=("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",))
     timeline: str = _knob(
         "", str,
         "Path of a Chrome-trace JSON file that rank 0 writes, in the layout and with the "
@@ -224,7 +235,8 @@ class Config:
         "'warn' logs it and goes on (that output then fails when it is written).")
     log_level: str = _knob(
         "warning", _choice("debug", "info", "warning", "error"),
-        "Level of the 'hvdlite' logger.")
+        "Level of the 'hvdlite' logger.",
+        aliases=("HOROVOD_LOG_LEVEL",))
     abort_on_error: bool = _knob(
         True, parse_bool,
         "On an uncaught exception in any rank, print its traceback once and abort "
@@ -278,13 +290,13 @@ class Config:
         Horovod's alias) > default."""
         environ = os.environ if environ is None else environ
         _warn_unknown(environ)
+        horovod_env.warn_ignored(environ, HOROVOD_ALIASES)
         values: dict[str, Any] = {}
         for option in OPTIONS:
-            variable = _variable_set(option, environ)
             if overrides.get(option.field) is not None:
                 values[option.field] = _checked(option, overrides.pop(option.field))
-            elif variable is not None:
-                values[option.field] = _parse(option, environ[variable], variable)
+            elif (found := _from_environment(option, environ)) is not None:
+                values[option.field] = found
         if overrides:
             raise ConfigError(f"unknown hvdlite option(s): {', '.join(sorted(overrides))}")
         return cls(**values)
@@ -307,25 +319,53 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 OPTIONS: tuple[Option, ...] = tuple(
     Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"])
     for f in dataclasses.fields(Config))
+# Horovod's variables that set an hvdlite knob (the other HOROVOD_* are ignored, with a warning).
+HOROVOD_ALIASES = frozenset(name for option in OPTIONS for name in option.aliases)
 
 
-def _variable_set(option: Option, environ: Mapping[str, str]) -> Optional[str]:
-    """The variable that sets ``option``: HVDLITE_*, else the first of Horovod's names
-    set. Both set to different values: the HVDLITE_ one, with a warning."""
-    alias = next((name for name in option.aliases if name in environ), None)
+def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:
+    """``option``'s value from HVDLITE_*, else from the first of Horovod's variables
+    that sets it; None if none does. Both set to different values: the HVDLITE_ one,
+    with a warning naming both."""
     if option.env not in environ:
-        return alias
-    if alias is not None and environ[alias] != environ[option.env]:
-        _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
-                     environ[option.env], alias, environ[alias], option.env)
-    return option.env
-
-
-def _parse(option: Option, raw: str, variable: str) -> Any:
+        found = _from_horovod(option, environ)
+        return None if found is None else found[1]
+    value = _parse(option, environ[option.env], option.env)
     try:
-        return option.parse(raw)
+        found = _from_horovod(option, environ)
+    except ConfigError:       # not used, but not the same value either
+        found = next((name, None) for name in option.aliases if name in environ)
+    if found is not None and found[1] != value:
+        _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
+                     environ[option.env], found[0], environ[found[0]], option.env)
+    return value
+
+
+def _from_horovod(option: Option, environ: Mapping[str, str]) -> Optional[tuple[str, Any]]:
+    """(variable, value) of the first of Horovod's variables for ``option`` that sets
+    it (HOROVOD_STALL_CHECK_DISABLE=0 sets nothing); None if none does."""
+    for name in option.aliases:
+        if name not in environ:
+            continue
+        try:
+            text = horovod_env.convert(name, environ[name])
+        except ValueError as exc:
+            raise ConfigError(f"{name}={environ[name]!r} is invalid: {exc}. "
+                              f"It sets {option.env}: {option.doc}") from None
+        if text is not None:
+            return name, _parse(option, text, name, environ[name])
+    return None
+
+
+def _parse(option: Option, text: str, variable: str, raw: Optional[str] = None) -> Any:
+    """``text`` parsed for ``option``; an error names ``variable`` and the value it
+    holds (``raw``, where Horovod's value was converted to ``text``)."""
+    try:
+        return option.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{variable}={raw!r} is invalid: {exc}. {option.doc}") from None
+        shown = text if raw is None else raw
+        sets = "" if variable == option.env else f" It sets {option.env}:"
+        raise ConfigError(f"{variable}={shown!r} is invalid: {exc}.{sets} {option.doc}") from None
 
 
 def _checked(option: Option, value: Any) -> Any:

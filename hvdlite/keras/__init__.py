@@ -2,11 +2,13 @@
 on the TensorFlow backend (collectives on tf tensors, also inside model.fit's
 compiled train step) and on the torch backend (``KERAS_BACKEND=torch``).
 Other backends are refused at import, naming the supported ones.
+``allreduce``, ``allgather``, ``broadcast`` and ``reducescatter`` take any
+tensor-compatible value, as Horovod's Keras API does (see ``collectives``).
 """
 import hvdlite as _hvd
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES
-from hvdlite.keras.backend import OPS as _OPS
 from hvdlite.keras import callbacks, elastic
+from hvdlite.keras.collectives import OPS as _OPS
 from hvdlite.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                      load_model)
 from hvdlite.keras.variables import broadcast_variables

@@ -1,6 +1,7 @@
 """What differs between the Keras backends hvdlite.keras supports: the tensor
 binding whose collectives reduce the gradients, and how a gradient list is
-reduced. Any other backend is refused here, at import."""
+reduced. Any other backend is refused here, at import. ``ADAPTER`` says which
+objects are the backend's tensors; ``OPS`` is its binding's op set."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -22,8 +23,10 @@ if BACKEND not in SUPPORTED:
         "importing keras (for JAX, hvdlite has no binding yet).")
 
 if BACKEND == "tensorflow":
+    from hvdlite.tensorflow.adapter import TENSORFLOW as ADAPTER
     from hvdlite.tensorflow.ops import OPS
 else:
+    from hvdlite.torch.adapter import TORCH as ADAPTER
     from hvdlite.torch.ops import OPS
 
 

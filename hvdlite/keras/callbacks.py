@@ -71,8 +71,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         broadcast_variables(variables, self.root_rank)
         self._sent.update(id(v) for v in variables)
 
+    def _build_optimizer_like_the_others(self) -> None:
+        """Build this rank's optimizer where another rank's is built already. Horovod's
+        resume pattern loads the checkpoint on rank 0 only: its optimizer comes built,
+        with its state, while the other ranks' build theirs in the first step. Built
+        here (as Keras would, on the model's trainable variables), every rank has the
+        same variables to broadcast, and the root's state (iterations, momentum)
+        reaches all of them before the first step."""
+        optimizer = getattr(self.model, "optimizer", None)
+        built = bool(optimizer is not None and optimizer.built)
+        if any(_hvd.allgather_object(built, name="BroadcastGlobalVariablesCallback.built")) \
+                and not built and optimizer is not None and self.model.trainable_variables:
+            optimizer.build(self.model.trainable_variables)
+
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if not self.broadcast_done:
+            self._build_optimizer_like_the_others()
             self._broadcast(self._unsent())
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:

@@ -33,7 +33,7 @@ from hvdlite.api.adapter import _describe
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.gradients import Groups, check_settings
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.errors import HvdliteTypeError, NotSupportedError, UsageError
 from hvdlite.keras.backend import entry_point, make_reducer, mark_step
 
 _log = logging.getLogger("hvdlite")
@@ -224,16 +224,37 @@ def _keras_optimizer_classes() -> list[type]:
             and c not in skip]
 
 
+def _instantiated_class(cls: type) -> type:
+    """The class of what ``cls(...)`` makes. On the torch backend Keras' optimizer
+    ``__new__`` swaps its built-in optimizers for torch-specialized subclasses
+    (keras.optimizers.SGD makes a torch_sgd.SGD), which it does not do for a subclass
+    such as the distributed one: wrapped here, a loaded optimizer has the class of one
+    made in the script, and its updates are bitwise those of the other ranks'.
+    ``__new__`` alone runs no ``__init__``: nothing is created."""
+    return type(cls.__new__(cls))
+
+
 def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
                custom_objects: Optional[dict[str, Any]] = None,
-               compression: type[Compressor] = Compression.none) -> keras.Model:
-    """``keras.models.load_model`` whose optimizer comes back as a
-    DistributedOptimizer (with its saved state), for Keras' optimizers and
-    ``custom_optimizers``."""
+               compression: type[Compressor] = Compression.none,
+               legacy_opts: bool = False) -> keras.Model:
+    """``keras.models.load_model`` (a .keras file or a legacy .h5 one) whose
+    optimizer comes back as a DistributedOptimizer (with its saved state), for
+    Keras' optimizers and ``custom_optimizers``. ``legacy_opts=True`` (Horovod's,
+    for ``keras.optimizers.legacy``, which Keras 3 removed) raises NotSupportedError."""
+    if legacy_opts:
+        raise NotSupportedError("load_model(legacy_opts=True) loads keras.optimizers.legacy "
+                                "optimizers, which Keras 3 does not have; leave it False")
     settings = Settings(compression=compression or Compression.none)
-    objects: dict[str, Any] = {
-        cls.__name__: distributed_class(cls, settings)
-        for cls in _keras_optimizer_classes() + list(custom_optimizers or [])}
+    objects: dict[str, Any] = {}
+    for cls in _keras_optimizer_classes():
+        wrapped = distributed_class(_instantiated_class(cls), settings)
+        # A legacy .h5 file names a built-in optimizer by its class name, which
+        # Keras' optimizers.deserialize lowercases ('sgd', 'adam') before it looks
+        # it up; the .keras format keeps 'SGD'. Horovod's load_model keys them so.
+        objects[cls.__name__] = objects[cls.__name__.lower()] = wrapped
+    objects.update({cls.__name__: distributed_class(_instantiated_class(cls), settings)
+                    for cls in custom_optimizers or []})
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
 

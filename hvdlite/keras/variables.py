@@ -26,11 +26,12 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     if BACKEND == "tensorflow":
         from hvdlite.tensorflow.functions import broadcast_variables as tf_broadcast
         return tf_broadcast(variables, root_rank, process_set)
-    check_same_variables(_specs(variables), "broadcast_variables", process_set)
+    # Op names from the names all ranks agree on (a loaded model's may differ).
+    agreed = check_same_variables(_specs(variables), "broadcast_variables", process_set)
     arrays = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
-    handles = [_hvd.broadcast_async_(a, root_rank, name=f"broadcast_variables.{i}.{spec[0]}",
+    handles = [_hvd.broadcast_async_(a, root_rank, name=f"broadcast_variables.{i}.{name}",
                                      process_set=process_set)
-               for i, (a, spec) in enumerate(zip(arrays, _specs(variables)))]
+               for i, (a, name) in enumerate(zip(arrays, agreed))]
     for variable, array, handle in zip(variables, arrays, handles):
         _hvd.synchronize(handle)
         variable.assign(array)

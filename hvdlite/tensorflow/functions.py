@@ -27,10 +27,11 @@ def variable_specs(variables: Sequence[Any]) -> list[variable_check.Spec]:
 
 
 def check_same_variables(variables: Sequence[Any], what: str,
-                         process_set: Optional[ProcessSet] = None) -> None:
+                         process_set: Optional[ProcessSet] = None) -> list[str]:
     """MismatchError on every rank if the ranks' variables differ in count, shape
-    or dtype (an eager exchange: at trace time inside tf.function)."""
-    variable_check.check_same_variables(variable_specs(variables), what, process_set)
+    or dtype (an eager exchange: at trace time inside tf.function). Returns the
+    names every rank uses for them (the set's first rank's)."""
+    return variable_check.check_same_variables(variable_specs(variables), what, process_set)
 
 
 @graph.entry_point
@@ -41,8 +42,10 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     variables = list(variables)
     for variable in variables:
         TENSORFLOW.require(variable, "broadcast_variables")
-    check_same_variables(variables, "broadcast_variables", process_set)
-    names = [f"broadcast_variables.{i}.{variable_name(v, i)}" for i, v in enumerate(variables)]
+    # Op names from the names all ranks agree on: a model loaded from a file on one
+    # rank names its variables differently from the same model built on another.
+    agreed = check_same_variables(variables, "broadcast_variables", process_set)
+    names = [f"broadcast_variables.{i}.{name}" for i, name in enumerate(agreed)]
     if graph.eager():
         handles = [OPS["broadcast_async_"](v, root_rank, name=n, process_set=process_set)
                    for v, n in zip(variables, names)]

@@ -12,6 +12,8 @@ from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch import adasum_optimizer as _adasum_optimizer  # noqa: F401  registers op=Adasum
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch import elastic
+# Horovod's submodules, which scripts name (hvd.mpi_ops.Sum, horovod.torch.compression).
+from hvdlite.torch import compression, mpi_ops  # noqa: F401
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
                   if name not in ("broadcast_object", "allgather_object")})

@@ -8,7 +8,9 @@ TensorFlow; make test also runs this file with KERAS_BACKEND=torch):
   of the first batch on, instead of failing at step 1;
 - ``local_variables`` / ``register_local_var`` / ``PartialDistributedOptimizer``
   keep a variable per rank: not broadcast, its gradient not reduced but divided
-  by the number of ranks (Horovod's scale_local_gradients).
+  by the number of ranks (Horovod's scale_local_gradients);
+- a checkpoint loaded on rank 0 only (Horovod's resume pattern) resumes every rank
+  from the root's weights and optimizer state.
 """
 from __future__ import annotations
 
@@ -117,6 +119,35 @@ def test_broadcast_callback_makes_every_rank_identical(built: bool) -> None:
         assert digests.first_start
     else:
         assert not digests.first_start
+
+
+def _compiled_model() -> "keras.Model":
+    model = keras.Sequential([keras.layers.Input((5,))] + _layers())
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)),
+                  loss="mse")
+    return model
+
+
+def test_a_checkpoint_loaded_by_the_root_only_resumes_every_rank(tmp_path: Any) -> None:
+    """Horovod's resume pattern (keras_imagenet_resnet50.py): rank 0 loads the checkpoint
+    with hvd.load_model, its optimizer built and holding its state; the other ranks build
+    and compile the model afresh. The broadcast callback gives every rank the root's
+    weights and optimizer state (momentum, iterations) before the first step."""
+    keras.utils.set_random_seed(5)
+    x, y = _data(11 + hvd.rank())
+    trained = _compiled_model()
+    trained.fit(x, y, batch_size=ROWS, epochs=1, verbose=0,
+                callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    path = str(tmp_path / "checkpoint-1.keras")      # written and read by rank 0 only
+    if hvd.rank() == 0:
+        trained.save(path)
+    keras.utils.set_random_seed(100 + hvd.rank())    # a different start on every rank
+    model = hvd.load_model(path) if hvd.rank() == 0 else _compiled_model()
+    digests = _Digests()
+    model.fit(x, y, batch_size=ROWS, epochs=2, initial_epoch=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), digests])
+    assert digests.first_start and digests.ends == [True] * STEPS
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * STEPS
 
 
 def _rank_valued_model(trainable: bool) -> "keras.Model":

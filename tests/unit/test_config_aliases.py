@@ -1,14 +1,19 @@
-"""Horovod's variables for the timeline (HOROVOD_TIMELINE, HOROVOD_TIMELINE_MARK_CYCLES),
-read where hvdlite's own are unset; hvdlite's win where both are set."""
+"""Horovod's variables (HOROVOD_TIMELINE, HOROVOD_FUSION_THRESHOLD, ...), read where
+hvdlite's own are unset; hvdlite's win where both are set. The HOROVOD_* variables
+without a meaning here are each warned about once."""
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+import re
+from pathlib import Path
+from typing import Iterator, Optional
 
 import pytest
 
 from hvdlite.config import OPTIONS, Config
 from hvdlite.errors import ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -51,7 +56,138 @@ def test_dynamic_means_no_file_until_start_timeline(variable: str) -> None:
     assert Config.load({variable: "DYNAMIC"}).timeline_path == ""
 
 
-def test_only_the_timelines_take_horovods_names() -> None:
+# Horovod's variables and the hvdlite knob each sets, in the order they are read.
+ALIASES = {
+    "HVDLITE_CYCLE_TIME": ("HOROVOD_CYCLE_TIME",),
+    "HVDLITE_FUSION_THRESHOLD": ("HOROVOD_FUSION_THRESHOLD",),
+    "HVDLITE_CACHE_CAPACITY": ("HOROVOD_CACHE_CAPACITY",),
+    "HVDLITE_STALL_CHECK_TIME": ("HOROVOD_STALL_CHECK_DISABLE",
+                                 "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+    "HVDLITE_STALL_SHUTDOWN_TIME": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",),
+    "HVDLITE_TIMELINE": ("HOROVOD_TIMELINE",),
+    "HVDLITE_TIMELINE_MARK_CYCLES": ("HOROVOD_TIMELINE_MARK_CYCLES",),
+    "HVDLITE_LOG_LEVEL": ("HOROVOD_LOG_LEVEL",),
+}
+
+# Every variable Horovod 0.28 reads at run time (horovod/common/common.h, operations.cc,
+# logging.cc, utils/env_parser.cc, gloo_context.cc, its runner), besides its build settings.
+HOROVOD_RUNTIME = (
+    "HOROVOD_ELASTIC", "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+    "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_CACHE_CAPACITY", "HOROVOD_BATCH_D2D_MEMCOPIES",
+    "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER",
+    "HOROVOD_CCL_CACHE", "HOROVOD_GLOO_IFACE", "HOROVOD_ADASUM_MPI_CHUNK_SIZE",
+    "HOROVOD_THREAD_AFFINITY", "HOROVOD_DISABLE_GROUP_FUSION", "HOROVOD_DISABLE_NVTX_RANGES",
+    "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_DYNAMIC_PROCESS_SETS",
+    "HOROVOD_ENABLE_XLA_OPS", "HOROVOD_LOG_LEVEL", "HOROVOD_LOG_HIDE_TIME",
+    "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER",
+    "HOROVOD_GPU_BROADCAST", "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_START_TIMEOUT",
+    "HOROVOD_SECRET_KEY", "HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE",
+)
+
+
+def test_horovods_names_are_read_for_the_knobs_they_mean() -> None:
     aliases = {option.env: option.aliases for option in OPTIONS if option.aliases}
-    assert aliases == {"HVDLITE_TIMELINE": ("HOROVOD_TIMELINE",),
-                       "HVDLITE_TIMELINE_MARK_CYCLES": ("HOROVOD_TIMELINE_MARK_CYCLES",)}
+    assert aliases == ALIASES
+
+
+def test_horovods_variables_set_hvdlites_knobs_in_hvdlites_units() -> None:
+    config = Config.load({
+        "HOROVOD_FUSION_THRESHOLD": "33554432", "HOROVOD_CYCLE_TIME": "2.5",
+        "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120", "HOROVOD_LOG_LEVEL": "INFO"})
+    # Horovod's cycle time is in milliseconds and its stall times in seconds, as hvdlite's.
+    assert (config.fusion_threshold, config.cycle_time, config.cache_capacity,
+            config.stall_check_time, config.stall_shutdown_time, config.log_level) == (
+        32 << 20, 2.5, 0, 30.0, 120.0, "info")
+
+
+def test_horovods_log_levels() -> None:
+    levels = {horovod: Config.load({"HOROVOD_LOG_LEVEL": horovod}).log_level
+              for horovod in ("trace", "DEBUG", "Warning", "fatal")}
+    assert levels == {"trace": "debug", "DEBUG": "debug", "Warning": "warning", "fatal": "error"}
+
+
+def _stall_check_time(disable: Optional[str], seconds: Optional[str]) -> float:
+    environ = {name: value for name, value in (("HOROVOD_STALL_CHECK_DISABLE", disable),
+                                               ("HOROVOD_STALL_CHECK_TIME_SECONDS", seconds))
+               if value is not None}
+    return Config.load(environ).stall_check_time
+
+
+def test_horovods_stall_check_switch() -> None:
+    assert _stall_check_time("1", "30") == 0.0      # Horovod: the switch wins over the time
+    assert _stall_check_time("true", None) == 0.0
+    assert _stall_check_time("0", "30") == 30.0     # off sets nothing
+    assert _stall_check_time("0", None) == 60.0
+    assert _stall_check_time(None, "5") == 5.0
+
+
+def test_hvdlites_variable_wins_over_any_of_horovods(warnings: pytest.LogCaptureFixture) -> None:
+    config = Config.load({"HVDLITE_FUSION_THRESHOLD": "1M", "HOROVOD_FUSION_THRESHOLD": "0",
+                          "HVDLITE_STALL_CHECK_TIME": "10", "HOROVOD_STALL_CHECK_DISABLE": "1",
+                          "HVDLITE_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "2.0",
+                          "HVDLITE_LOG_LEVEL": "error", "HOROVOD_LOG_LEVEL": "loud"})
+    assert (config.fusion_threshold, config.stall_check_time, config.cycle_time,
+            config.log_level) == (1 << 20, 10.0, 2.0, "error")
+    text = warnings.text
+    assert "HVDLITE_FUSION_THRESHOLD='1M' and HOROVOD_FUSION_THRESHOLD='0'" in text
+    assert "HVDLITE_STALL_CHECK_TIME='10' and HOROVOD_STALL_CHECK_DISABLE='1'" in text
+    assert "HVDLITE_LOG_LEVEL='error' and HOROVOD_LOG_LEVEL='loud'" in text   # unused, so no error
+    assert "HOROVOD_CYCLE_TIME" not in text      # the same value, written differently
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("HOROVOD_FUSION_THRESHOLD", "lots"), ("HOROVOD_CYCLE_TIME", "-1"),
+    ("HOROVOD_CACHE_CAPACITY", "-3"), ("HOROVOD_STALL_CHECK_TIME_SECONDS", "nan"),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "soon"), ("HOROVOD_LOG_LEVEL", "verbose"),
+    ("HOROVOD_STALL_CHECK_DISABLE", "maybe")])
+def test_a_bad_horovod_value_is_a_config_error_naming_it(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{variable}='{value}' is invalid: .* It sets HVDLITE_"):
+        Config.load({variable: value})
+
+
+@pytest.fixture
+def fresh_process(warnings: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """No HOROVOD_* variable reported yet, as in a new process."""
+    from hvdlite import horovod_env
+    before = set(horovod_env._WARNED)
+    horovod_env._WARNED.clear()
+    yield warnings
+    horovod_env._WARNED.clear()
+    horovod_env._WARNED.update(before)
+
+
+def _named(records: list[logging.LogRecord], variable: str) -> int:
+    return sum(f"ignoring {variable}=" in record.getMessage() for record in records)
+
+
+def test_horovods_variables_without_a_meaning_here_are_warned_about_once(
+        fresh_process: pytest.LogCaptureFixture) -> None:
+    ignored = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+               "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_AUTOTUNE": "1",
+               "HOROVOD_WITH_PYTORCH": "1"}
+    quiet = {"HOROVOD_HIERARCHICAL_ALLGATHER": "0", "HOROVOD_CONTROLLER": "MPI",
+             "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_CYCLE_TIME": "5"}
+    Config.load({**ignored, **quiet})
+    Config.load({**ignored, **quiet})           # init() again: nothing new
+    records = fresh_process.records
+    assert {name: _named(records, name) for name in ignored} == dict.fromkeys(ignored, 1)
+    assert not any(_named(records, name) for name in quiet), fresh_process.text
+    assert "HOROVOD_GPU_OPERATIONS='NCCL': a setting of Horovod's build" in fresh_process.text
+
+
+def test_every_variable_horovod_reads_is_read_or_ignored_and_documented() -> None:
+    from hvdlite import horovod_env
+    aliases = {name for names in ALIASES.values() for name in names}
+    assert set(HOROVOD_RUNTIME) == aliases | set(horovod_env.IGNORED)
+    documented = set(re.findall(r"`(HOROVOD_[A-Z0-9_]+)`", README.read_text()))
+    assert set(HOROVOD_RUNTIME) <= documented, sorted(set(HOROVOD_RUNTIME) - documented)

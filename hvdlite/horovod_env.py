@@ -1,0 +1,183 @@
+"""Horovod's ``HOROVOD_*`` variables, which job files and images set for Horovod:
+how the ones with a meaning here become hvdlite settings, and why the others
+are ignored.
+
+Each variable Horovod reads at run time (``horovod/common/common.h``,
+``operations.cc``, ``logging.cc``, ``utils/env_parser.cc``, its Python runner) is
+either an alias of an ``HVDLITE_`` knob (declared in ``hvdlite.config``; its value
+converted here where Horovod's differs in form) or listed in ``IGNORED`` with the
+reason. ``warn_ignored`` (called by ``Config.load``) warns once per process about
+an ignored variable that is set, unless its value asks for nothing or for what
+hvdlite does anyway, and about any other ``HOROVOD_`` variable (Horovod's build
+settings, such as ``HOROVOD_WITH_PYTORCH``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Callable, Collection, Mapping, Optional
+
+_log = logging.getLogger("hvdlite")
+
+
+def _strtol(text: str) -> int:
+    """The integer C's strtol reads from the start of ``text`` (0 if none), which is
+    how Horovod reads its on/off switches: "1" and "2" are on, "0" and "false" off."""
+    match = re.match(r"\s*[+-]?\d+", text)
+    return int(match.group()) if match else 0
+
+
+def _off(text: str) -> bool:
+    return _strtol(text) <= 0
+
+
+def _on(text: str) -> bool:
+    return _strtol(text) > 0
+
+
+def _is_mpi(text: str) -> bool:
+    return text.strip().lower() == "mpi"
+
+
+def _always(text: str) -> bool:
+    return True
+
+
+def _never(text: str) -> bool:
+    return False
+
+
+# -- aliases whose value converts (the others are read as the HVDLITE_ variable's) ---------
+def _stall_check_disable(text: str) -> Optional[str]:
+    """On: HVDLITE_STALL_CHECK_TIME=0 (no check). Off: sets nothing, so
+    HOROVOD_STALL_CHECK_TIME_SECONDS, if set, decides (as in Horovod, where the
+    switch wins over the time)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "on", "false", "no", "off", ""):
+        return "0" if lowered in ("true", "yes", "on") else None
+    try:
+        return "0" if int(lowered) > 0 else None
+    except ValueError:    # a ConfigError naming the variable
+        raise ValueError("expected an integer (> 0 disables the stall check) or "
+                         "true/false") from None
+
+
+_LOG_LEVELS = {"trace": "debug", "fatal": "error"}   # Horovod's levels hvdlite lacks
+
+
+def _log_level(text: str) -> str:
+    """Horovod's levels, any case: trace is debug here, fatal is error."""
+    lowered = text.strip().lower()
+    return _LOG_LEVELS.get(lowered, lowered)
+
+
+CONVERSIONS: dict[str, Callable[[str], Optional[str]]] = {
+    "HOROVOD_STALL_CHECK_DISABLE": _stall_check_disable,
+    "HOROVOD_LOG_LEVEL": _log_level,
+}
+
+
+def convert(variable: str, text: str) -> Optional[str]:
+    """Horovod's ``variable=text`` as the text of the hvdlite variable it sets; None
+    where this value sets nothing. Raises ValueError for a value it cannot read."""
+    return CONVERSIONS.get(variable, str)(text)
+
+
+# -- variables without a meaning here ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    why: str
+    # Values that ask for nothing (a switch left at Horovod's default) or for what hvdlite
+    # does anyway: no warning.
+    quiet: Callable[[str], bool] = _never
+
+
+_NO_AUTOTUNE = Ignored("hvdlite does not autotune; set HVDLITE_FUSION_THRESHOLD and "
+                       "HVDLITE_CYCLE_TIME")
+_GPU_BUILD = Ignored("a setting of Horovod's build; hvdlite chooses how GPU tensors move "
+                     "at run time, with HVDLITE_GPU_ALLREDUCE")
+_NO_GLOO = Ignored("hvdlite has no Gloo: it runs on MPI")
+_LAUNCHER = Ignored("set by horovodrun for its own processes; hvdlite takes ranks and "
+                    "hosts from MPI, and hvdliterun launches jobs")
+
+IGNORED: dict[str, Ignored] = {
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": Ignored(
+        "hvdlite has no hierarchical allreduce; HVDLITE_ALLREDUCE chooses the algorithm", _off),
+    "HOROVOD_HIERARCHICAL_ALLGATHER": Ignored("hvdlite has no hierarchical allgather", _off),
+    "HOROVOD_TORUS_ALLREDUCE": Ignored(
+        "hvdlite has no torus allreduce; HVDLITE_ALLREDUCE chooses the algorithm", _off),
+    "HOROVOD_AUTOTUNE": Ignored(_NO_AUTOTUNE.why, _off),
+    "HOROVOD_AUTOTUNE_LOG": _NO_AUTOTUNE,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _NO_AUTOTUNE,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _NO_AUTOTUNE,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _NO_AUTOTUNE,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _NO_AUTOTUNE,
+    "HOROVOD_CPU_OPERATIONS": Ignored(
+        "hvdlite's CPU collectives always run on MPI (HVDLITE_ALLREDUCE chooses the "
+        "algorithm)", _is_mpi),
+    "HOROVOD_CONTROLLER": Ignored("hvdlite's ranks always coordinate over MPI", _is_mpi),
+    "HOROVOD_GPU_OPERATIONS": _GPU_BUILD,
+    "HOROVOD_GPU_ALLREDUCE": _GPU_BUILD,
+    "HOROVOD_GPU_ALLGATHER": _GPU_BUILD,
+    "HOROVOD_GPU_BROADCAST": _GPU_BUILD,
+    "HOROVOD_GPU_ALLTOALL": _GPU_BUILD,
+    "HOROVOD_GPU_REDUCESCATTER": _GPU_BUILD,
+    "HOROVOD_MPI_THREADS_DISABLE": Ignored(
+        "hvdlite's engine thread needs MPI at the serialized thread level or above "
+        "(mpi4py.rc.thread_level chooses it)", _off),
+    "HOROVOD_NUM_NCCL_STREAMS": Ignored("hvdlite's NCCL stream count is not configurable"),
+    "HOROVOD_BATCH_D2D_MEMCOPIES": Ignored("not configurable in hvdlite"),
+    "HOROVOD_THREAD_AFFINITY": Ignored("hvdlite does not pin its engine thread"),
+    "HOROVOD_DISABLE_GROUP_FUSION": Ignored("not configurable in hvdlite", _off),
+    "HOROVOD_DISABLE_NVTX_RANGES": Ignored("hvdlite emits no NVTX ranges", _on),
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": Ignored("not configurable in hvdlite", _off),
+    "HOROVOD_ENABLE_XLA_OPS": Ignored("hvdlite's collectives cannot run inside XLA", _off),
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": Ignored("not configurable in hvdlite"),
+    "HOROVOD_DYNAMIC_PROCESS_SETS": Ignored(
+        "process sets can always be added after init() in hvdlite", _always),
+    "HOROVOD_LOG_HIDE_TIME": Ignored("hvdlite's log lines carry no time", _on),
+    "HOROVOD_CCL_CACHE": Ignored("hvdlite has no oneCCL"),
+    "HOROVOD_GLOO_IFACE": _NO_GLOO,
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": _NO_GLOO,
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR": _NO_GLOO,
+    "HOROVOD_GLOO_RENDEZVOUS_PORT": _NO_GLOO,
+    "HOROVOD_ELASTIC": Ignored("an elastic hvdlite job is started by hvdliterun --elastic", _off),
+    "HOROVOD_ELASTIC_TIMEOUT": _LAUNCHER,
+    "HOROVOD_START_TIMEOUT": _LAUNCHER,
+    "HOROVOD_SECRET_KEY": _LAUNCHER,
+    "HOROVOD_HOSTNAME": _LAUNCHER,
+    "HOROVOD_RANK": _LAUNCHER,
+    "HOROVOD_SIZE": _LAUNCHER,
+    "HOROVOD_LOCAL_RANK": _LAUNCHER,
+    "HOROVOD_LOCAL_SIZE": _LAUNCHER,
+    "HOROVOD_CROSS_RANK": _LAUNCHER,
+    "HOROVOD_CROSS_SIZE": _LAUNCHER,
+}
+
+_OTHER = Ignored("hvdlite does not read it (a setting of Horovod's build, its Spark "
+                 "integration, or not Horovod's)")
+
+
+def why_ignored(variable: str, text: str) -> Optional[str]:
+    """Why ``variable=text`` (a HOROVOD_ variable that is no alias) changes nothing
+    here; None where its value asks for what hvdlite does anyway."""
+    entry = IGNORED.get(variable, _OTHER)
+    return None if entry.quiet(text) else entry.why
+
+
+# HOROVOD_* variables already reported as ignored: once per process, not at every
+# init() (elastic restarts and tests call it again).
+_WARNED: set[str] = set()
+
+
+def warn_ignored(environ: Mapping[str, str], aliases: Collection[str]) -> None:
+    """Warn about each HOROVOD_* variable that is set and changes nothing here
+    (``aliases``, read as hvdlite settings, are not)."""
+    for name in sorted(environ):
+        if not name.startswith("HOROVOD_") or name in aliases or name in _WARNED:
+            continue
+        why = why_ignored(name, environ[name])
+        if why is not None:
+            _WARNED.add(name)
+            _log.warning("ignoring %s=%r: %s", name, environ[name], why)
