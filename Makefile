@@ -112,7 +112,7 @@ mutate: $(VENV)/.installed-mutate
 
 # On a GPU machine, with torch (CUDA), CuPy and mpi4py installed in GPU_PYTHON's environment
 # (pip install -e '.[mpich,torch,test,cuda13]'): the GPU tests and the differential test at
-# world size 1 (NCCL) and 2 (staged), bench gpu, one summary; HOROVOD_TESTS=<a Horovod
+# world size 1 (NCCL) and 2 (staged), bench gpu, one summary; GPU_CHECK_HOROVOD=<a Horovod
 # checkout> adds Horovod's test_torch.py at world size 1. About 3-5 minutes.
 GPU_PYTHON ?= python3
 gpu-check:

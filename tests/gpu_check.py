@@ -13,7 +13,7 @@ limit:
    test_differential.py, test_torch_buckets.py);
 2. the same at world size 2: two ranks share the GPU, so the staged path;
 3. ``python -m hvdlite.bench gpu`` at world size 1;
-4. Horovod's own test/parallel/test_torch.py at world size 1, if HOROVOD_TESTS
+4. Horovod's own test/parallel/test_torch.py at world size 1, if GPU_CHECK_HOROVOD
    names a checkout of Horovod (run through a two-line alias package made in a
    temporary directory; nothing of Horovod's is copied here).
 """
@@ -95,7 +95,7 @@ def _alias_package(directory: Path) -> None:
 
 
 def _horovod_step(mpiexec: list[str], env: dict[str, str], log: Path) -> Optional[tuple]:
-    checkout = os.environ.get("HOROVOD_TESTS")
+    checkout = os.environ.get("GPU_CHECK_HOROVOD")
     if not checkout:
         return None
     scratch = Path(tempfile.mkdtemp(prefix="hvdlite-gpu-check-"))
