@@ -1,5 +1,6 @@
 # make demo (torch) / make demo-keras (Keras 3 on TensorFlow): multi-rank training of a CNN on
-# the digits data set on this machine.  make test: every test, under MPICH and Open MPI.
+# the digits data set on this machine.  make test: every test, under MPICH and Open MPI, and
+# the documentation site (make docs).
 # Both create .venv (Python 3.11 + pip is all they need) and install pinned versions;
 # make test also creates .venv-ompi, the same hvdlite on PyPI's Open MPI.
 PYTHON ?= python3
@@ -18,13 +19,14 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check
+.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+	docs
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test,report]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test,report,docs]'
 	touch $@
 
 install-ompi: $(OMPI_VENV)/.installed
@@ -91,7 +93,13 @@ test-ompi: install-ompi
 	$(OMPI_ENV) $(RUN_LIMIT) $(OMPI_MPIEXEC) -n 2 $(OMPI_PY) tests/mpi/run.py tests/mpi
 	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q $(OMPI_INTEGRATION) -k '$(OMPI_JOBS)'
 
-test: test-unit test-slurm test-mpi test-ompi
+# The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API
+# reference fails it. The configuration page, the op set and the commands' --help are
+# generated from the code as it builds (docs/hooks.py). Output: site/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+test: docs test-unit test-slurm test-mpi test-ompi
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
 # tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
@@ -118,4 +126,4 @@ bench: install
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build site *.egg-info
