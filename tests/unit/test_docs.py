@@ -16,6 +16,8 @@ from types import ModuleType
 
 import pytest
 
+import hvdlite
+from hvdlite.api.binding import OP_NAMES
 from hvdlite.config import OPTIONS, Config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +42,7 @@ def test_the_site_runs_the_generators() -> None:
     assert re.search(r"^strict: true", config, re.M)
     page = (DOCS / "configuration.md").read_text()
     assert "<!-- generated: configuration -->" in page
+    assert "<!-- generated: ops -->" in (DOCS / "api" / "hvdlite.md").read_text()
 
 
 def test_the_configuration_table_has_a_row_per_config_field() -> None:
@@ -66,6 +69,17 @@ def test_every_parser_has_a_description() -> None:
         HOOKS.describe_type(lambda text: text)
 
 
+def test_the_generated_op_set_covers_op_names() -> None:
+    reference = HOOKS.ops_reference()
+    for name in OP_NAMES:
+        assert f"### `{name}` {{ #hvdlite.{name} }}" in reference
+        signature = str(inspect.signature(getattr(hvdlite, name)))
+        assert signature.split("(", 1)[1].split(":")[0] in reference   # the first parameter
+
+
+def test_the_commands_help_is_generated() -> None:
+    assert "--elastic" in HOOKS.hvdliterun_help() and "-np NP" in HOOKS.hvdliterun_help()
+    assert "srun-mpi" in HOOKS.hvdlite_jobs_help()
 
 
 def test_an_unknown_generation_marker_fails_the_build() -> None:
