@@ -100,3 +100,27 @@ def test_every_variable_the_docs_name_exists() -> None:
     unknown = {name: where for name, where in _mentioned(r"\bHVDLITE_[A-Z][A-Z_]*[A-Z]").items()
                if name not in known}
     assert not unknown, f"the docs name settings config.py does not have: {unknown}"
+
+
+
+ARCHITECTURE = (DOCS / "ARCHITECTURE.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted(set(re.findall(
+    r"`((?:hvdlite|tests|jobs|examples|docs)/[\w/.]*\.(?:py|sbatch|md))`", ARCHITECTURE))))
+def test_architecture_names_files_that_exist(path: str) -> None:
+    assert (ROOT / path).is_file(), f"ARCHITECTURE.md names {path}, which does not exist"
+
+
+@pytest.mark.parametrize("path, lines", re.findall(
+    r"`((?:hvdlite|tests)/[\w/.]+\.py)` is (?:an? )?(\d+)[- ]line", ARCHITECTURE))
+def test_architecture_line_counts_are_current(path: str, lines: str) -> None:
+    actual = len((ROOT / path).read_text().splitlines())
+    assert abs(actual - int(lines)) <= max(5, actual // 10), (
+        f"ARCHITECTURE.md says {path} is {lines} lines; it is {actual}")
+
+
+def test_architecture_names_every_backend() -> None:
+    backends = {p.stem for p in (ROOT / "hvdlite" / "backends").glob("*.py")} - {"__init__"}
+    missing = [b for b in backends if f"hvdlite/backends/{b}.py" not in ARCHITECTURE]
+    assert not missing, f"ARCHITECTURE.md does not place {missing}"
