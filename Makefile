@@ -20,7 +20,7 @@ RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
 .PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
-	docs
+	docs docs-images
 
 install: $(VENV)/.installed
 
@@ -98,6 +98,15 @@ test-ompi: install-ompi
 # generated from the code as it builds (docs/hooks.py). Output: site/.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# The pictures of the performance and forecast guides, drawn by the commands those pages
+# show; run on a quiet machine (the report measures time), then commit them.
+docs-images: install
+	$(MPIEXEC) -n 4 $(PY) examples/report_demo.py --report docs/images/report \
+	    --slow-rank 3 --delay-ms 100 --steps 60
+	rm -f docs/images/report/report.json
+	$(PY) -m hvdlite.bench forecast --compute-ms 450 --params 23.8e6 --tensors 190 \
+	    --network 25GbE --network IB-HDR --batch-size 64 --plot docs/images/forecast.png
 
 test: docs test-unit test-slurm test-mpi test-ompi
 
