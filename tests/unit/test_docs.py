@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 
 import hvdlite
+from hvdlite import errors
 from hvdlite.api.binding import OP_NAMES
 from hvdlite.config import OPTIONS, Config
 
@@ -101,6 +102,18 @@ def test_every_variable_the_docs_name_exists() -> None:
                if name not in known}
     assert not unknown, f"the docs name settings config.py does not have: {unknown}"
 
+
+def test_troubleshooting_explains_every_error() -> None:
+    page = (DOCS / "guide" / "troubleshooting.md").read_text()
+    headings = set(re.findall(r"^### (\w+)$", page, re.M))
+    names = {name: value for name, value in vars(errors).items()
+             if inspect.isclass(value) and issubclass(value, Exception)
+             and value.__module__ == errors.__name__}
+    classes = {name for name, value in names.items() if value.__name__ == name}
+    assert classes <= headings, f"no section for {sorted(classes - headings)}"
+    aliases = set(names) - classes                      # HorovodInternalError...
+    assert all(f"`{alias}`" in page for alias in aliases), aliases
+    assert {"XlaCompileError", "UnsupportedBackendError"} <= headings
 
 
 ARCHITECTURE = (DOCS / "ARCHITECTURE.md").read_text()
