@@ -173,6 +173,8 @@ def main(programs_file: str) -> None:
         exec(code, {"__name__": "__main__"})     # noqa: S102 (the docs' own examples)
         if hvdlite.is_initialized():
             hvdlite.shutdown()
+        from mpi4py import MPI            # every rank done with this program's hvdlite
+        MPI.COMM_WORLD.Barrier()          # before any starts the next one's init()
         if rank == "0":
             print(f"=== passed {entry['where']}", flush=True)
 
