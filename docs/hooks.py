@@ -41,8 +41,8 @@ def describe_type(parse: Callable[[str], Any]) -> str:
     fails the build: a new kind of setting must say how it is written."""
     from hvdlite import config
     known = {
-        config.parse_bytes: "bytes: `65536`, `512K`, `64MiB` (binary units)",
-        config.parse_bool: "boolean: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`",
+        config.parse_bytes: "bytes",
+        config.parse_bool: "boolean",
         config.parse_nonneg_float: "number ≥ 0",
         config.parse_nonneg_int: "integer ≥ 0",
         config.parse_positive_int: "integer ≥ 1",
