@@ -1,5 +1,6 @@
 # make demo (torch) / make demo-keras (Keras 3 on TensorFlow): multi-rank training of a CNN on
-# the digits data set on this machine.  make test: every test, under MPICH and Open MPI.
+# the digits data set on this machine.  make test: every test, under MPICH and Open MPI, and
+# the documentation site (make docs).
 # Both create .venv (Python 3.11 + pip is all they need) and install pinned versions;
 # make test also creates .venv-ompi, the same hvdlite on PyPI's Open MPI.
 PYTHON ?= python3
@@ -18,13 +19,14 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check
+.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+	docs docs-images docs-check
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test,report]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[mpich,torch,tensorflow,examples,test,report,docs]'
 	touch $@
 
 install-ompi: $(OMPI_VENV)/.installed
@@ -96,7 +98,29 @@ test-ompi: install-ompi
 	$(OMPI_ENV) $(RUN_LIMIT) $(OMPI_MPIEXEC) -n 2 $(OMPI_PY) tests/mpi/run.py tests/mpi
 	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q $(OMPI_INTEGRATION) -k '$(OMPI_JOBS)'
 
-test: test-unit test-slurm test-mpi test-ompi
+# The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API
+# reference fails it. The configuration page, the op set and the commands' --help are
+# generated from the code as it builds (docs/hooks.py). Output: site/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# The pictures of the performance and forecast guides, drawn by the commands those pages
+# show; run on a quiet machine (the report measures time), then commit them.
+docs-images: install
+	$(MPIEXEC) -n 4 $(PY) examples/report_demo.py --report docs/images/report \
+	    --slow-rank 3 --delay-ms 100 --steps 60
+	rm -f docs/images/report/report.json
+	$(PY) -m hvdlite.bench forecast --compute-ms 450 --params 23.8e6 --tensors 190 \
+	    --network 25GbE --network IB-HDR --batch-size 64 --plot docs/images/forecast.png
+
+# The built site in a headless Chromium (Debian's chromium): every page loads without a
+# console error, the search finds DistributedOptimizer, its API entry lists its parameters.
+# Not part of make test; skips, saying why, without Chromium. SHOTS=DIR saves screenshots.
+SHOTS ?=
+docs-check: docs
+	$(PY) docs/check_site.py site $(if $(SHOTS),--screenshots $(SHOTS))
+
+test: docs test-unit test-slurm test-mpi test-ompi
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
 # tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
@@ -123,4 +147,4 @@ bench: install
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build site *.egg-info

@@ -1,8 +1,11 @@
-"""Make the HVDLITE_REPORT shown in the README: train an MLP on synthetic data and
-write report.txt, report.json and report.png.
+"""Make the HVDLITE_REPORT shown in the docs (docs/guide/performance.md): train an MLP
+on synthetic data and write report.txt, report.json and report.png.
 
-    mpiexec -n 4 python examples/report_demo.py --report docs/report/balanced
-    mpiexec -n 4 python examples/report_demo.py --report docs/report/slow --slow-rank 3
+    mpiexec -n 4 python examples/report_demo.py --report /tmp/balanced
+    mpiexec -n 4 python examples/report_demo.py --report docs/images/report --slow-rank 3 \
+        --delay-ms 100 --steps 60
+
+The second is the docs' picture (make docs-images runs it).
 
 ``--slow-rank R`` makes rank R's data loading ``--delay-ms`` slower each step, the
 commonest cause of a straggler. Run it on a quiet machine: the report measures

@@ -251,7 +251,8 @@ class Config:
         "Seconds a negotiation round may wait on a rank that does not answer before "
         "every other rank fails with PeerLostError naming it (a frozen, stopped or "
         "unreachable process). A rank whose process has ended is reported within "
-        "about a second when it ran on the same host. 0 disables the timeout (ended "
+        "about a second when it ran on the same host, also in the middle of a data "
+        "collective. 0 disables the timeout (ended "
         "processes are still reported).")
     exit_guard: bool = _knob(
         True, parse_bool,
@@ -259,7 +260,10 @@ class Config:
         "for a while after its process ends (one small helper process per rank), so "
         "that a rank ending without MPI_Finalize (os._exit, killed) is reported by "
         "the others as PeerLostError and the job fails, instead of hydra silently "
-        "killing every rank and exiting 0.")
+        "killing every rank and exiting 0. The helper also holds the rank's stdout and "
+        "stderr until the other ranks on its host have ended, or for 5 s: otherwise hydra "
+        "kills every rank as soon as it sees one killed by a signal, before any could "
+        "report which rank was lost.")
 
     elastic_dir: str = _knob(
         "", str,

@@ -122,7 +122,8 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
 
     def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
                   process_set: PS = None) -> Any:
-        """Every rank receives ``root_rank``'s tensor (root_rank counts within the set)."""
+        """Every rank receives ``root_rank``'s tensor (``root_rank`` is a global rank, as
+        in Horovod, and must be a member of the process set)."""
         return sync(broadcast_async(tensor, root_rank, name, process_set))
 
     def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,

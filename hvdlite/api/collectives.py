@@ -213,6 +213,7 @@ def grouped_allreduce(adapter: TensorAdapter, submit_one: Callable[..., int],
 
 
 def barrier(process_set: Optional[ProcessSet] = None) -> None:
+    """Return once every rank of the process set has called it."""
     synchronize(Call(Kind.BARRIER, None, process_set).submit(None))
 
 

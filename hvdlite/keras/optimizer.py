@@ -176,9 +176,34 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          process_set: Optional[ProcessSet] = _hvd.global_process_set,
                          scale_local_gradients: bool = True) -> Any:
     """A copy of ``optimizer`` (same class and config, fresh state) whose updates
-    use gradients averaged across ranks. ``name`` prefixes the collectives' names.
-    Horovod's arguments, in its order (``device_*`` are accepted and unused;
-    ``num_groups=n`` means ``groups=n``)."""
+    use gradients averaged across ranks. Horovod's arguments, in its order.
+
+    ``apply`` averages the gradients first, so ``apply_gradients``, custom loops and
+    ``model.fit`` all go through it. ``optimizer.register_local_var(variable)`` keeps a
+    variable worker-local.
+
+    Args:
+        optimizer: a Keras 3 optimizer (anything else raises ``TypeError``).
+        name: prefix of the collectives' names.
+        device_dense: accepted for Horovod, unused.
+        device_sparse: accepted for Horovod, unused.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors
+            instead of allgathering their rows.
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        backward_passes_per_step: accumulate this many local gradients in optimizer
+            variables, then reduce and apply them on every k-th call;
+            ``optimizer.iterations`` counts applied updates.
+        average_aggregated_gradients: average the accumulated gradients instead of
+            summing them.
+        num_groups: Horovod's spelling of ``groups=n``.
+        groups: a number of groups, or lists of variables, each reduced as one op.
+        process_set: the ranks to average over (default: every rank).
+        scale_local_gradients: divide the gradients of worker-local variables by the
+            set size, so that they take steps of the scale of the shared ones.
+    """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise HvdliteTypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
                                f"(keras.optimizers.Optimizer); got {_describe(optimizer)}")

@@ -17,10 +17,26 @@ from hvdlite.tensorflow.gradients import GradientAverager
 
 class DistributedGradientTape:
     """Wraps a tape by composition: recording, ``watch``, ``jacobian``... are the
-    tape's own; ``gradient`` averages the result. ``device_*`` and ``num_groups``
-    are accepted for Horovod (``num_groups`` means ``groups=num_groups``).
+    tape's own; ``gradient`` averages the result across ranks (one grouped op per
+    group). A missing gradient (None) takes part as zeros and comes back as zeros.
     ``register_local_source(variable)`` keeps a variable's gradient local (not
-    reduced; divided by the set size when ``scale_local_gradients``)."""
+    reduced; divided by the set size when ``scale_local_gradients``).
+
+    Args:
+        gradtape: the ``tf.GradientTape`` to wrap.
+        device_dense: accepted for Horovod, unused.
+        device_sparse: accepted for Horovod, unused.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` on the wire.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors
+            instead of allgathering their rows.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it.
+        num_groups: Horovod's spelling of ``groups=n``.
+        groups: a number of groups, or lists of variables, each reduced as one op.
+        process_set: the ranks to average over (default: every rank).
+        scale_local_gradients: divide the gradients of local sources by the set size.
+    """
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "",
                  device_sparse: str = "", compression: type[Compressor] = Compression.none,

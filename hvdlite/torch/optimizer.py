@@ -36,7 +36,36 @@ from hvdlite.torch.ops import OPS, sparse_allreduce_async
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    """Horovod's ``hvd.DistributedOptimizer(optimizer, named_parameters=...)``."""
+    """Horovod's ``hvd.DistributedOptimizer(optimizer, named_parameters=...)``: the
+    gradients are averaged across ranks while backward runs, then ``optimizer`` steps.
+
+    A hook on each parameter starts its gradient's reduction as soon as the gradient is
+    accumulated; ``step()`` waits for them all, then steps the wrapped optimizer. From
+    the second step the gradients are views into flat buckets (``HVDLITE_BUCKET_BYTES``).
+    ``optimizer`` is wrapped by composition: ``param_groups`` and ``state`` are its own
+    objects, and LR schedulers accept the wrapper.
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` to wrap.
+        named_parameters: the model's ``named_parameters()``; the names label each
+            gradient's collective, the same on every rank. Duplicate names or a list
+            that misses some of the optimizer's parameters raise ``UsageError`` (a
+            ``ValueError``). Without it, parameters are numbered.
+        compression: ``Compression.none``, ``Compression.fp16`` or
+            ``Compression.bf16``: the floating gradients' type on the wire.
+        backward_passes_per_step: backward passes accumulated locally before one
+            reduction and one step.
+        op: ``hvd.Average`` (the default), ``hvd.Sum``, or ``hvd.Adasum`` (``step()``
+            then steps locally and Adasum-reduces each parameter's change).
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it (Horovod's meaning).
+        groups: a number of groups of consecutive parameters, or lists of parameters;
+            each group is reduced together (one bucket of its own).
+        sparse_as_dense: reduce sparse gradients (``nn.Embedding(sparse=True)``) as
+            dense tensors instead of allgathering their indices and values.
+        process_set: reduce over this ``ProcessSet`` only (default: every rank); ranks
+            outside it keep their own gradients.
+    """
 
     # op -> the subclass that op needs. op=Adasum reduces parameter deltas, not
     # gradients: a different optimizer (Horovod's factory returns a different class

@@ -14,7 +14,17 @@ from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.core.timeline import Timeline
 from hvdlite.errors import ConfigError, HvdliteError, NotInitializedError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"
+
+
+def _docs_hooks():  # type: ignore[no-untyped-def]
+    """docs/hooks.py, the MkDocs hook that generates the configuration page."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("call", [hvd.rank, hvd.size, hvd.local_rank, hvd.local_size,
@@ -89,11 +99,19 @@ def test_unknown_variable_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     assert "HVDLITE_FUSION_TRESHOLD" in caplog.text
 
 
-def test_readme_documents_every_variable() -> None:
-    text = README.read_text()
-    documented = set(re.findall(r"`((?:HVDLITE|HOROVOD)_[A-Z_]+)`", text))
+def test_configuration_page_documents_every_variable() -> None:
+    """The docs' configuration page is generated from OPTIONS as the site builds
+    (docs/hooks.py): every variable and every Horovod alias, with its default."""
+    hooks = _docs_hooks()
+    page = hooks.expand(CONFIGURATION_PAGE.read_text())
+    documented = set(re.findall(r"`((?:HVDLITE|HOROVOD)_[A-Z_]+)`", page))
     assert {option.env for option in OPTIONS} <= documented
     assert {alias for option in OPTIONS for alias in option.aliases} <= documented
+    for option in OPTIONS:
+        row = next(line for line in page.splitlines() if f"`{option.env}`" in line
+                   and line.startswith("|"))
+        assert hooks.describe_default(option.default, option.parse) in row, row
+        assert " ".join(option.doc.split()).replace("|", "\\|") in row, row
 
 
 def test_timeline_is_valid_json_after_every_event(tmp_path: Path) -> None:
