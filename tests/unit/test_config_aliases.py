@@ -13,7 +13,7 @@ import pytest
 from hvdlite.config import OPTIONS, Config
 from hvdlite.errors import ConfigError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 @pytest.fixture
@@ -189,5 +189,5 @@ def test_every_variable_horovod_reads_is_read_or_ignored_and_documented() -> Non
     from hvdlite import horovod_env
     aliases = {name for names in ALIASES.values() for name in names}
     assert set(HOROVOD_RUNTIME) == aliases | set(horovod_env.IGNORED)
-    documented = set(re.findall(r"`(HOROVOD_[A-Z0-9_]+)`", README.read_text()))
+    documented = set(re.findall(r"`(HOROVOD_[A-Z0-9_]+)`", CONFIGURATION_PAGE.read_text()))
     assert set(HOROVOD_RUNTIME) <= documented, sorted(set(HOROVOD_RUNTIME) - documented)
