@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hvdlite.runner.supervise import GRACE_SECONDS
+from tests.processes import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(90)
@@ -28,15 +29,6 @@ def _stand_in(tmp_path: Path) -> Path:
                     '"$@"\n')
     path.chmod(0o755)
     return path
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie (an orphan's zombie lingers where init does not reap)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def _pids(path: Path, timeout: float = 30) -> list[int]:
@@ -71,10 +63,10 @@ def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace_period(
         assert GRACE_SECONDS - 0.5 <= took < GRACE_SECONDS + 10, (took, err)
         assert (f"did not stop within {GRACE_SECONDS:g} s of SIGTERM; killed it and 1 "
                 "process(es) under it (SIGKILL)") in err, err
-        assert not any(_alive(pid) for pid in pids), err      # the launcher and its child
+        assert not any(alive(pid) for pid in pids), err      # the launcher and its child
     finally:
         proc.kill()
         proc.wait()
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)

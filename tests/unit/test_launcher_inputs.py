@@ -13,6 +13,7 @@ import pytest
 
 from hvdlite.errors import ConfigError, HostDiscoveryError
 from hvdlite.runner import elastic, function, launch
+from tests.processes import alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,25 +113,16 @@ def _script(tmp_path: Path, body: str) -> Path:
     return script
 
 
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie (an orphan's zombie lingers where init does not reap)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def _gone_soon(pid: int) -> bool:
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def _end(pid_file: Path) -> None:
     """Ends the background process a test script started, if it is still there."""
-    if pid_file.exists() and _alive(int(pid_file.read_text())):
+    if pid_file.exists() and alive(int(pid_file.read_text())):
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
@@ -145,7 +137,7 @@ def test_discovery_script_is_read_when_it_exits_not_at_eof(
         began = time.monotonic()
         assert elastic._run_script(str(script)) == [("localhost", 2), ("node2", 1)]
         assert time.monotonic() - began < 2.5
-        assert _alive(int(pid_file.read_text()))        # the script's child is its business
+        assert alive(int(pid_file.read_text()))        # the script's child is its business
     finally:
         _end(pid_file)
 
