@@ -21,7 +21,7 @@ from hvdlite.backends.base import DONE, Work, even_counts
 from hvdlite.core import fusion
 from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
-from hvdlite.core.devices import Fenced, array_namespace, described, ready_events
+from hvdlite.core.devices import Fenced, array_namespace, described, device_type, ready_events
 from hvdlite.core.recorder import ReductionCount
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
 from hvdlite.reduce_op import OPS_BY_VALUE, identity
@@ -183,9 +183,9 @@ class Executor:
             if request is not None:
                 own = request.desc.device
                 if own != "cpu":
-                    self._devices[own.split(":", 1)[0]] = own
+                    self._devices[device_type(own)] = own
                 return own
-        return self._devices.get(agreed.split(":", 1)[0], agreed)
+        return self._devices.get(device_type(agreed), agreed)
 
     # -- allreduce -------------------------------------------------------------
     def _allreduce_group(self, set_id: int, group: Sequence[Response],
