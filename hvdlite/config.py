@@ -9,6 +9,9 @@ A few knobs also accept Horovod's variable (``HOROVOD_TIMELINE``...), which
 Horovod scripts and job files set; the ``HVDLITE_`` one wins where both are set
 (a warning names both when they differ), since it can only have been meant for
 hvdlite while a job file may set Horovod's for every framework it runs.
+
+A knob that replaced older ones still reads their variables (``deprecated``),
+with a warning naming the variable to set instead.
 """
 from __future__ import annotations
 
@@ -90,6 +93,7 @@ class Option:
     doc: str
 
     aliases: tuple[str, ...] = ()   # Horovod's names for it, read when HVDLITE_* is unset
+    deprecated: tuple[str, ...] = ()   # hvdlite's old names for it, read with a warning
 
     @property
     def env(self) -> str:
@@ -97,10 +101,10 @@ class Option:
 
 
 def _knob(default: Any, parse: Callable[[str], Any], doc: str,
-          aliases: tuple[str, ...] = ()) -> Any:
+          aliases: tuple[str, ...] = (), deprecated: tuple[str, ...] = ()) -> Any:
     """A Config field that carries its parser and doc; the variable name is derived."""
-    return dataclasses.field(default=default,
-                             metadata={"parse": parse, "doc": doc, "aliases": aliases})
+    return dataclasses.field(default=default, metadata={
+        "parse": parse, "doc": doc, "aliases": aliases, "deprecated": deprecated})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,21 +153,13 @@ class Config:
         "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
         "staging) or 'mpi' (copies through pinned host memory and the "
         "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
-    gpu_bucket_bytes: int = _knob(
-        25 << 20, parse_bytes,
-        "DistributedOptimizer hands GPU gradients to the engine in buckets of this many "
-        "bytes, in the order backward produces them (the last, partial bucket at "
-        "synchronize()): one engine round and one fused reduction per bucket instead of "
-        "per gradient, whose Python overhead would otherwise compete with the backward "
-        "pass. 0 submits each GPU gradient as soon as it is ready, as CPU gradients are.")
     bucket_bytes: int = _knob(
         25 << 20, parse_bytes,
-        "The torch DistributedOptimizer's gradient buckets, as DDP's: from the second step, "
-        "each parameter's .grad is a view into a flat bucket of about this many bytes "
-        "(parameters in the order backward produced their gradients in step 1, the "
-        "first bucket 1 MiB so communication starts early), and each full bucket is "
-        "reduced in place by one request, without packing or unpacking copies. 0 "
-        "reduces each gradient on its own (the per-gradient path, for comparison).")
+        "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
+        "CPU and GPU), as DDP's bucket_cap_mb: the first bucket 1 MiB so communication "
+        "starts early, then buckets of about this many bytes, each reduced by one "
+        "request. 0: one request per gradient (for comparison).",
+        deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = _knob(
         True, parse_bool,
         "On a process set of one rank a gradient is its own average, so "
@@ -303,16 +299,23 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 
 # The table every consumer reads (the README check, the launcher, load()).
 OPTIONS: tuple[Option, ...] = tuple(
-    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"])
+    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"],
+           f.metadata["deprecated"])
     for f in dataclasses.fields(Config))
 
 
 def _variable_set(option: Option, environ: Mapping[str, str]) -> Optional[str]:
     """The variable that sets ``option``: HVDLITE_*, else the first of Horovod's names
-    set. Both set to different values: the HVDLITE_ one, with a warning."""
+    set, else a deprecated name (with a warning). Both set to different values: the
+    HVDLITE_ one, with a warning."""
     alias = next((name for name in option.aliases if name in environ), None)
+    old = next((name for name in option.deprecated if name in environ), None)
+    if old is not None:
+        _log.warning("%s is deprecated; set %s instead%s", old, option.env,
+                     " (both are set: hvdlite uses it)" if option.env in environ else
+                     f" (read as {option.env}={environ[old]!r} until then)")
     if option.env not in environ:
-        return alias
+        return alias or old
     if alias is not None and environ[alias] != environ[option.env]:
         _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
                      environ[option.env], alias, environ[alias], option.env)
@@ -339,7 +342,8 @@ def _checked(option: Option, value: Any) -> Any:
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:
     known = {option.env for option in OPTIONS}
+    deprecated = {name for option in OPTIONS for name in option.deprecated}
     for name in environ:
-        if name.startswith("HVDLITE_") and name not in known:
+        if name.startswith("HVDLITE_") and name not in known | deprecated:
             _log.warning("ignoring unknown environment variable %s; known: %s",
                          name, ", ".join(sorted(known)))

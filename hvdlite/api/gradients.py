@@ -260,7 +260,7 @@ class GradientReducer:
         return handle
 
     def flush(self) -> None:
-        """Hand the bucket's gradients to the engine together (HVDLITE_GPU_BUCKET_BYTES).
+        """Hand the bucket's gradients to the engine together (HVDLITE_BUCKET_BYTES).
 
         If one is refused, it and the ones after it are not pending, as a refused CPU
         gradient is not, and the peers are told to fail them rather than wait; the
@@ -320,7 +320,7 @@ _IN_BUCKET = -1      # a pending gradient's handle while it waits in the GPU buc
 
 
 def _gpu_bucket_cap(adapter: Any, wire: Any) -> int:
-    """HVDLITE_GPU_BUCKET_BYTES for a GPU gradient; 0 (submit now) on the CPU."""
+    """HVDLITE_BUCKET_BYTES for a GPU gradient; 0 (submit now) on the CPU."""
     if adapter is None or adapter.device(wire) == "cpu":
         return 0
-    return runtime.config().gpu_bucket_bytes
+    return runtime.config().bucket_bytes

@@ -1,6 +1,6 @@
 """Submissions in batches, without MPI: a thread's batch reaches the engine's queue
 all at once with one wake-up, and DistributedOptimizer's GPU gradients travel in
-buckets of HVDLITE_GPU_BUCKET_BYTES (a fake GPU tensor stands in for CUDA)."""
+buckets of HVDLITE_BUCKET_BYTES (a fake GPU tensor stands in for CUDA)."""
 from __future__ import annotations
 
 import collections
@@ -77,7 +77,7 @@ def reducer(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[GradientReducer, 
     monkeypatch.setattr(runtime, "size", lambda: 2)
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     monkeypatch.setattr(runtime, "engine", lambda what="": engine)
-    monkeypatch.setattr(runtime, "config", lambda: Config.load({}, gpu_bucket_bytes=3 * 400))
+    monkeypatch.setattr(runtime, "config", lambda: Config.load({}, bucket_bytes=3 * 400))
 
     def allreduce_async_(wire: Any, name: str, **_: Any) -> int:
         started.append(name)

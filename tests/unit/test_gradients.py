@@ -186,7 +186,7 @@ BUCKET_BYTES = 10
 
 @pytest.fixture
 def job(monkeypatch: pytest.MonkeyPatch) -> _Job:
-    """Two ranks, HVDLITE_GPU_BUCKET_BYTES=10, the stand-in GPU adapter registered."""
+    """Two ranks, HVDLITE_BUCKET_BYTES=10, the stand-in GPU adapter registered."""
     made = _Job()
     monkeypatch.setattr(adapters, "_REGISTERED", [StandInGpuAdapter()] + adapters._REGISTERED)
     monkeypatch.setattr(runtime, "size", lambda: 2)
@@ -195,7 +195,7 @@ def job(monkeypatch: pytest.MonkeyPatch) -> _Job:
     monkeypatch.setattr(runtime.RUNTIME, "engine", made.engine)
     monkeypatch.setattr(runtime.RUNTIME, "topology", SimpleNamespace(size=2))
     monkeypatch.setattr(runtime, "config",
-                        lambda: Config.load({}, gpu_bucket_bytes=BUCKET_BYTES))
+                        lambda: Config.load({}, bucket_bytes=BUCKET_BYTES))
     return made
 
 
