@@ -30,10 +30,13 @@ def describe_difference(specs_by_rank: Sequence[Sequence[Spec]]) -> Optional[str
 
 
 def check_same_variables(specs: Sequence[Spec], what: str,
-                         process_set: Optional[ProcessSet] = None) -> None:
-    """Raise MismatchError on every rank if the ranks' specs differ."""
+                         process_set: Optional[ProcessSet] = None,
+                         name: Optional[str] = None) -> None:
+    """Raise MismatchError on every rank if the ranks' specs differ. ``name`` names
+    the exchange (default ``<what>.variable_check``)."""
     every = objects.allgather_object([tuple(s) for s in specs],
-                                     name=f"{what}.variable_check", process_set=process_set)
+                                     name=name or f"{what}.variable_check",
+                                     process_set=process_set)
     problem = describe_difference(every)
     if problem:
         raise MismatchError(f"rank {runtime.rank()}: {what}: the ranks' variables differ, so "
