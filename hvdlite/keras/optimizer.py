@@ -31,9 +31,9 @@ import hvdlite as _hvd
 from hvdlite.api import runtime
 from hvdlite.api.adapter import _describe
 from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups, check_settings
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.reducer.settings import Groups, Settings as ReducerSettings
 from hvdlite.keras.backend import entry_point, make_reducer, mark_step
 
 _log = logging.getLogger("hvdlite")
@@ -185,7 +185,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     if isinstance(optimizer, _Distributed):
         raise UsageError("this optimizer is already a DistributedOptimizer")
     runtime.engine("hvdlite.keras.DistributedOptimizer()")   # NotInitializedError
-    check_settings(backward_passes_per_step, op, gradient_predivide_factor)
+    ReducerSettings(op=op, predivide=gradient_predivide_factor,   # refuses what it cannot do
+                    passes=backward_passes_per_step)
     settings = Settings(name, compression or Compression.none, sparse_as_dense,
                         backward_passes_per_step, average_aggregated_gradients, op,
                         gradient_predivide_factor, groups if groups is not None else

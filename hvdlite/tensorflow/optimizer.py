@@ -10,7 +10,7 @@ from typing import Any, Optional
 import hvdlite as _hvd
 from hvdlite.api.adapter import _describe
 from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups
+from hvdlite.reducer.settings import Groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError
 

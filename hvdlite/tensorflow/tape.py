@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import hvdlite as _hvd
 from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups
+from hvdlite.reducer.settings import Groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError
 from hvdlite.tensorflow import graph
