@@ -1,12 +1,14 @@
 """Gradient averaging for Keras on the torch backend: its train step is eager
 Python, so the gradients are torch tensors that go to the reducer's buckets in one
-call (results are views of the buckets, which Keras applies at once)."""
+call (results are views of the buckets, which Keras applies at once). Also the
+torch binding's support for the shared Keras optimizer (``hvdlite.keras.backend``)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from hvdlite.api import report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.reduce_op import ReduceOp
@@ -35,3 +37,19 @@ class TorchGradientAverager(GradientLists):
                  for g, v in zip(dense, variables)]
         with torch.no_grad():
             return self.reducer(specs, variables).reduce(dense)
+
+
+# The torch binding's support for the shared Keras optimizer (hvdlite._keras.optimizer).
+make_reducer = TorchGradientAverager
+
+
+def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' torch train step is eager Python: ``apply`` is entered as it is."""
+    return fn
+
+
+def mark_step(after: Sequence[Any]) -> None:
+    """HVDLITE_REPORT: the step boundary, once the gradients are reduced."""
+    recorder = report.recorder()
+    if recorder is not None:
+        recorder.step_done()

@@ -154,7 +154,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/tensorflow/gradients.py": (300, [
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
                  "tests/mpi/test_keras_fit.py")]),
-    "hvdlite/keras/optimizer.py": (400, [
+    "hvdlite/_keras/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_keras_optimizer.py"),     # its own tests first: seconds
         ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py"),
         ("mpi2", "tests/mpi/test_keras_elastic.py")]),
