@@ -14,6 +14,8 @@ convert to NumPy; ``buffers`` is the adapter the flat buffers belong to.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -95,7 +97,7 @@ class TensorAdapter:
 
     def view(self, flat: Any, offset: int, shape: tuple[int, ...]) -> Any:
         """Elements ``offset...`` of ``flat`` as ``shape``, sharing its memory."""
-        return flat[offset:offset + _count(shape)].reshape(shape)
+        return flat[offset:offset + math.prod(shape)].reshape(shape)
 
     def pack(self, tensors: Sequence[Any], flat: Any) -> None:
         """Copy ``tensors`` one after the other into ``flat`` (one copy each)."""
@@ -103,7 +105,7 @@ class TensorAdapter:
 
     def unpack(self, flat: Any, shapes: Sequence[tuple[int, ...]]) -> list[Any]:
         """This framework's tensors of ``shapes``, one after the other in ``flat``."""
-        offsets = np.cumsum([0] + [_count(shape) for shape in shapes]).tolist()
+        offsets = itertools.accumulate((math.prod(shape) for shape in shapes), initial=0)
         return [self.from_array(self.view(flat, offset, shape))
                 for offset, shape in zip(offsets, shapes)]
 
@@ -115,10 +117,6 @@ class TensorAdapter:
             f"{what} expects a {self.accepted}; got {_describe(obj)}. Pass a "
             f"{self.accepted} (hvdlite takes NumPy arrays, hvdlite.torch torch tensors, "
             "hvdlite.tensorflow TensorFlow tensors).")
-
-
-def _count(shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 def _describe(obj: Any) -> str:
