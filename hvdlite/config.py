@@ -156,9 +156,11 @@ class Config:
     bucket_bytes: int = _knob(
         25 << 20, parse_bytes,
         "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
-        "CPU and GPU), as DDP's bucket_cap_mb: the first bucket 1 MiB so communication "
-        "starts early, then buckets of about this many bytes, each reduced by one "
-        "request. 0: one request per gradient (for comparison).",
+        "CPU and GPU), as DDP's bucket_cap_mb: parameters are laid out in reverse "
+        "registration order in flat buckets of about this many bytes, the first one 1 MiB "
+        "so communication starts early, and each bucket is reduced in place by one "
+        "request (torch's .grad are views of the buckets: no packing copies). 0 gives "
+        "every gradient a bucket of its own (one request per gradient, for comparison).",
         deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = _knob(
         True, parse_bool,
