@@ -83,6 +83,9 @@ def configuration_table() -> str:
         names = f'<a id="{option.env.lower()}"></a>`{option.env}`'
         if option.aliases:
             names += "<br>or Horovod's " + ", ".join(f"`{a}`" for a in option.aliases)
+        if option.deprecated:
+            names += "<br>(formerly " + ", ".join(f"`{d}`" for d in option.deprecated) + \
+                ", still read, with a warning)"
         rows.append(f"| {names} | {describe_type(option.parse)} | "
                     f"{describe_default(option.default, option.parse)} | {_cell(option.doc)} |")
     return "\n".join(rows)

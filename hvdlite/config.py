@@ -12,6 +12,9 @@ when their values differ), since it can only have been meant for hvdlite while a
 job file may set Horovod's for every framework it runs. ``hvdlite.horovod_env``
 converts the values whose form differs and says why the other ``HOROVOD_*``
 variables are ignored (each warned about once per process).
+
+A knob that replaced older ones still reads their variables (``deprecated``),
+with a warning naming the variable to set instead.
 """
 from __future__ import annotations
 
@@ -96,6 +99,7 @@ class Option:
     # Horovod's names for it, read when HVDLITE_* is unset; the first set that sets
     # something wins (hvdlite.horovod_env converts their values).
     aliases: tuple[str, ...] = ()
+    deprecated: tuple[str, ...] = ()   # hvdlite's old names for it, read with a warning
 
     @property
     def env(self) -> str:
@@ -103,10 +107,10 @@ class Option:
 
 
 def _knob(default: Any, parse: Callable[[str], Any], doc: str,
-          aliases: tuple[str, ...] = ()) -> Any:
+          aliases: tuple[str, ...] = (), deprecated: tuple[str, ...] = ()) -> Any:
     """A Config field that carries its parser and doc; the variable name is derived."""
-    return dataclasses.field(default=default,
-                             metadata={"parse": parse, "doc": doc, "aliases": aliases})
+    return dataclasses.field(default=default, metadata={
+        "parse": parse, "doc": doc, "aliases": aliases, "deprecated": deprecated})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,21 +161,15 @@ class Config:
         "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
         "staging) or 'mpi' (copies through pinned host memory and the "
         "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
-    gpu_bucket_bytes: int = _knob(
-        25 << 20, parse_bytes,
-        "DistributedOptimizer hands GPU gradients to the engine in buckets of this many "
-        "bytes, in the order backward produces them (the last, partial bucket at "
-        "synchronize()): one engine round and one fused reduction per bucket instead of "
-        "per gradient, whose Python overhead would otherwise compete with the backward "
-        "pass. 0 submits each GPU gradient as soon as it is ready, as CPU gradients are.")
     bucket_bytes: int = _knob(
         25 << 20, parse_bytes,
-        "The torch DistributedOptimizer's gradient buckets, as DDP's: from the second step, "
-        "each parameter's .grad is a view into a flat bucket of about this many bytes "
-        "(parameters in the order backward produced their gradients in step 1, the "
-        "first bucket 1 MiB so communication starts early), and each full bucket is "
-        "reduced in place by one request, without packing or unpacking copies. 0 "
-        "reduces each gradient on its own (the per-gradient path, for comparison).")
+        "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
+        "CPU and GPU), as DDP's bucket_cap_mb: parameters are laid out in reverse "
+        "registration order in flat buckets of about this many bytes, the first one 1 MiB "
+        "so communication starts early, and each bucket is reduced in place by one "
+        "request (torch's .grad are views of the buckets: no packing copies). 0 gives "
+        "every gradient a bucket of its own (one request per gradient, for comparison).",
+        deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = _knob(
         True, parse_bool,
         "On a process set of one rank a gradient is its own average, so "
@@ -321,7 +319,8 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 
 # The table every consumer reads (the README check, the launcher, load()).
 OPTIONS: tuple[Option, ...] = tuple(
-    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"])
+    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"],
+           f.metadata["deprecated"])
     for f in dataclasses.fields(Config))
 # Horovod's variables that set an hvdlite knob (the other HOROVOD_* are ignored, with a warning).
 HOROVOD_ALIASES = frozenset(name for option in OPTIONS for name in option.aliases)
@@ -329,11 +328,16 @@ HOROVOD_ALIASES = frozenset(name for option in OPTIONS for name in option.aliase
 
 def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:
     """``option``'s value from HVDLITE_*, else from the first of Horovod's variables
-    that sets it; None if none does. Both set to different values: the HVDLITE_ one,
-    with a warning naming both."""
+    that sets it, else from an old hvdlite name (``deprecated``, with a warning); None
+    if none does. Both set to different values: the HVDLITE_ one, with a warning
+    naming both."""
+    _warn_deprecated(option, environ)
     if option.env not in environ:
         found = _from_horovod(option, environ)
-        return None if found is None else found[1]
+        if found is None:
+            old = next((name for name in option.deprecated if name in environ), None)
+            return None if old is None else _parse(option, environ[old], old)
+        return found[1]
     value = _parse(option, environ[option.env], option.env)
     try:
         found = _from_horovod(option, environ)
@@ -343,6 +347,13 @@ def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:
         _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
                      environ[option.env], found[0], environ[found[0]], option.env)
     return value
+
+
+def _warn_deprecated(option: Option, environ: Mapping[str, str]) -> None:
+    for old in (name for name in option.deprecated if name in environ):
+        _log.warning("%s is deprecated; set %s instead%s", old, option.env,
+                     " (both are set: hvdlite uses it)" if option.env in environ else
+                     f" (read as {option.env}={environ[old]!r} until then)")
 
 
 def _from_horovod(option: Option, environ: Mapping[str, str]) -> Optional[tuple[str, Any]]:
@@ -385,7 +396,8 @@ def _checked(option: Option, value: Any) -> Any:
 
 def _warn_unknown(environ: Mapping[str, str]) -> None:
     known = {option.env for option in OPTIONS}
+    deprecated = {name for option in OPTIONS for name in option.deprecated}
     for name in environ:
-        if name.startswith("HVDLITE_") and name not in known:
+        if name.startswith("HVDLITE_") and name not in known | deprecated:
             _log.warning("ignoring unknown environment variable %s; known: %s",
                          name, ", ".join(sorted(known)))

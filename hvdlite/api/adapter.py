@@ -5,10 +5,18 @@ CuPy) array over a tensor's memory without copying where the memory allows,
 turns result arrays back into tensors, names the tensor's device, and casts
 (for wire compression). The binding factory (``hvdlite.api.binding``) builds
 every collective, its ``_async`` and in-place forms from an adapter.
+
+Gradient buckets (``hvdlite.reducer``) also come through it: a flat buffer on a
+device, a view of a slice with a shape, and a list of tensors packed into a
+flat buffer and unpacked from it, for frameworks whose tensors cannot be views
+of a buffer (TensorFlow's). The defaults serve any framework whose tensors
+convert to NumPy; ``buffers`` is the adapter the flat buffers belong to.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import itertools
+import math
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -75,6 +83,31 @@ class TensorAdapter:
 
     def is_floating(self, tensor: Any) -> bool:
         raise NotImplementedError
+
+    # -- flat buffers (gradient buckets, see hvdlite.reducer) ------------------------------
+    @property
+    def buffers(self) -> "TensorAdapter":
+        """The adapter of the flat buffers ``flat_buffer`` makes (host NumPy arrays,
+        unless the framework's own tensors can be written in place and viewed)."""
+        return NUMPY
+
+    def flat_buffer(self, dtype: str, device: str, count: int) -> Any:
+        """``count`` zeros of ``dtype`` in one 1-D buffer for tensors on ``device``."""
+        return np.zeros(count, to_dtype(dtype))
+
+    def view(self, flat: Any, offset: int, shape: tuple[int, ...]) -> Any:
+        """Elements ``offset...`` of ``flat`` as ``shape``, sharing its memory."""
+        return flat[offset:offset + math.prod(shape)].reshape(shape)
+
+    def pack(self, tensors: Sequence[Any], flat: Any) -> None:
+        """Copy ``tensors`` one after the other into ``flat`` (one copy each)."""
+        np.concatenate([np.asarray(self.to_array(t)).reshape(-1) for t in tensors], out=flat)
+
+    def unpack(self, flat: Any, shapes: Sequence[tuple[int, ...]]) -> list[Any]:
+        """This framework's tensors of ``shapes``, one after the other in ``flat``."""
+        offsets = itertools.accumulate((math.prod(shape) for shape in shapes), initial=0)
+        return [self.from_array(self.view(flat, offset, shape))
+                for offset, shape in zip(offsets, shapes)]
 
     def require(self, obj: Any, what: str) -> Any:
         """``obj`` if it is one of this adapter's tensors, else a typed error naming it."""

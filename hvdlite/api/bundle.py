@@ -1,5 +1,11 @@
 """Grouped allreduces of small CPU tensors, submitted as one request.
 
+Why this is not the gradient reducer (hvdlite.reducer), though both pack tensors
+into one flat buffer with the adapter's ``pack``/``unpack``: a user's grouped call
+is one-off. Its tensors, names and shapes may change from call to call, so it cannot
+have persistent buckets agreed by an exchange; a bundle is agreed per call by
+negotiation itself (its shapes are in the descriptor), at no extra round trip.
+
 Each tensor submitted alone costs about 10 us of Python on the user thread and
 as much again on the engine (a request, a handle, a negotiation entry, a fused
 slot, a completion): 200 small gradients took ten times one reduction of the
@@ -24,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from hvdlite.api import runtime
-from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.adapter import NUMPY, TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input, check_reduction,
                                     check_scale, inplace_output, reduce_op, returning,
@@ -83,8 +89,8 @@ def submit(adapter: TensorAdapter, tensors: Sequence[Any], sources: Sequence[Inp
     sizes = [source.array.size for source in sources]
     dtype = sources[0].array.dtype
     flat = runtime.RUNTIME.outputs.empty((sum(sizes),), dtype)
-    np.concatenate([source.array.reshape(-1) for source in sources], out=flat)
-    finish = _unbundle(adapter, tensors, targets, shapes, sizes)
+    NUMPY.pack([source.array for source in sources], flat)
+    finish = _unbundle(adapter, tensors, targets, shapes)
     return call.submit(flat, flat, None, finish, op=int(reduction), prescale=prescale,
                        postscale=postscale, dtype=dtype_name(dtype), shape=flat.shape,
                        parts=shapes)
@@ -98,14 +104,12 @@ def _target(source: Input, what: str, writable: bool) -> Any:
 
 
 def _unbundle(adapter: TensorAdapter, tensors: Sequence[Any], targets: Optional[list[Any]],
-              shapes: tuple[tuple[int, ...], ...], sizes: list[int]) -> Callable[[Any], list]:
+              shapes: tuple[tuple[int, ...], ...]) -> Callable[[Any], list]:
     inplace = targets is not None
     finishes = [returning(adapter, tensor, inplace) for tensor in tensors]
 
     def finish(flat: Any) -> list[Any]:
-        ends = np.cumsum(sizes).tolist()
-        results = [flat[end - size:end].reshape(shape)
-                   for end, size, shape in zip(ends, sizes, shapes)]
+        results = NUMPY.unpack(flat, shapes)
         if targets is not None:
             for target, piece in zip(targets, results):
                 np.copyto(target, piece)

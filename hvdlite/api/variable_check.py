@@ -42,12 +42,15 @@ def describe_difference(specs_by_rank: Sequence[Sequence[Spec]]) -> Optional[str
 
 
 def check_same_variables(specs: Sequence[Spec], what: str,
-                         process_set: Optional[ProcessSet] = None) -> list[str]:
+                         process_set: Optional[ProcessSet] = None,
+                         name: Optional[str] = None) -> list[str]:
     """Raise MismatchError on every rank if the ranks' specs differ. Returns the
     variables' names on the set's first rank, the same list on every rank: names for
-    the ops on these variables that every rank agrees on."""
+    the ops on these variables that every rank agrees on. ``name`` names the exchange
+    (default ``<what>.variable_check``)."""
     every = objects.allgather_object([tuple(s) for s in specs],
-                                     name=f"{what}.variable_check", process_set=process_set)
+                                     name=name or f"{what}.variable_check",
+                                     process_set=process_set)
     problem = describe_difference(every)
     if problem:
         raise MismatchError(f"rank {runtime.rank()}: {what}: the ranks' variables differ, so "

@@ -23,7 +23,7 @@ import keras
 
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.keras.backend import ADAPTER, OPS as BACKEND_OPS, entry_point
+from hvdlite.keras.backend import ADAPTER, OPS as BACKEND_OPS, SUPPORT
 from hvdlite.reduce_op import ReduceOp
 
 PS = Optional[ProcessSet]
@@ -42,7 +42,7 @@ def _tensor(value: Any) -> Any:
         return value
 
 
-@entry_point
+@SUPPORT.entry_point
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               op: Optional[int] = None, compression: Optional[type[Compressor]] = Compression.none,
@@ -54,13 +54,13 @@ def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = 
         process_set=process_set)
 
 
-@entry_point
+@SUPPORT.entry_point
 def allgather(value: Any, name: Optional[str] = None, *, process_set: PS = None) -> Any:
     """Concatenate every rank's value along the first dimension (which may differ)."""
     return BACKEND_OPS["allgather"](_tensor(value), name=name, process_set=process_set)
 
 
-@entry_point
+@SUPPORT.entry_point
 def broadcast(value: Any, root_rank: int, name: Optional[str] = None, *,
               process_set: PS = None) -> Any:
     """Every rank receives ``root_rank``'s value."""
@@ -68,7 +68,7 @@ def broadcast(value: Any, root_rank: int, name: Optional[str] = None, *,
                                     process_set=process_set)
 
 
-@entry_point
+@SUPPORT.entry_point
 def reducescatter(value: Any, name: Optional[str] = None, op: int = ReduceOp.AVERAGE, *,
                   process_set: PS = None) -> Any:
     """Reduce across ranks; rank i keeps the i-th block of rows."""

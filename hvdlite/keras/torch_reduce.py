@@ -1,70 +1,55 @@
 """Gradient averaging for Keras on the torch backend: its train step is eager
-Python, so the gradients are torch tensors reduced with hvdlite.torch's grouped
-allreduce (the engine fuses them); the settings match the TensorFlow path."""
+Python, so the gradients are torch tensors that go to the reducer's buckets in one
+call (results are views of the buckets, which Keras applies at once). Also the
+torch binding's support for the shared Keras optimizer (``hvdlite.keras.backend``)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all, scaled_op
-from hvdlite.api.variable_check import check_same_variables
-from hvdlite.torch.ops import OPS
+from hvdlite.api import report
+from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.reduce_op import ReduceOp
+from hvdlite.reducer.lists import GradientLists
+from hvdlite.reducer.settings import Groups, Settings
+from hvdlite.torch.adapter import TORCH
 
 
-class TorchGradientAverager(AveragerSettings):
+class TorchGradientAverager(GradientLists):
     """Keras' torch backend makes dense gradients (sparse_as_dense is moot)."""
 
-    def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        if self.outside_set():
-            return list(grads)
-        shared, local = self.split_local(variables)
-        result = list(grads)
-        for i, value in zip(shared, self._reduce_shared([grads[i] for i in shared],
-                                                        [variables[i] for i in shared])):
-            result[i] = value
-        scale = self.local_scale()
-        for i in local:
-            if result[i] is not None and scale != 1.0:
-                result[i] = result[i] * scale
-        return result
+    def __init__(self, what: str, compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, op: int = ReduceOp.AVERAGE,
+                 predivide: float = 1.0, groups: Groups = None,
+                 process_set: Optional[ProcessSet] = None, scale_local: bool = True) -> None:
+        super().__init__(TORCH, Settings(what, compression, op, predivide, 1, groups,
+                                         process_set), scale_local)
 
-    def _reduce_shared(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        specs = tuple((str(v.path), tuple(v.shape), str(v.dtype)) for v in variables)
-        if specs not in self.checked:
-            check_same_variables(specs, self.what, self.process_set)
-            self.checked.add(specs)
-        # A missing gradient takes part as zeros, so every rank submits every op.
+    def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        # A missing gradient takes part as zeros, so every rank reduces every bucket.
         dense = [torch.zeros_like(v.value) if g is None else g
                  for g, v in zip(grads, variables)]
-        if self.alone() or not dense:
+        if not dense or self.settings.alone():
             return dense
-        plan = self.bucket_layout([g.numel() * g.element_size() for g in dense],
-                                  [(g.dtype, g.device) for g in dense])
+        specs = [(str(v.path), tuple(g.shape), TORCH.dtype_name(g), TORCH.device(g))
+                 for g, v in zip(dense, variables)]
         with torch.no_grad():
-            if plan is not None:
-                return self._reduce_buckets(dense, plan)
-            by_id = {id(v): i for i, v in enumerate(variables)}
-            groups = plan_groups(list(range(len(dense))), self.groups,
-                                 key_of=lambda v: by_id[id(v)])
-            return reduce_all(OPS["grouped_allreduce"], dense, f"{self.what}.grads",
-                              self.compression, self.op, self.predivide, groups,
-                              self.process_set)
+            return self.reducer(specs, variables).reduce(dense)
 
-    def _reduce_buckets(self, grads: list[Any], plan: list[list[int]]) -> list[Any]:
-        """One flat in-place allreduce per bucket (one copy in); the results are
-        views of the bucket, reshaped (no copy out)."""
-        op, prescale, postscale = scaled_op(self.op, self.predivide, self.process_set)
-        reduced = list(grads)
-        for number, members in enumerate(plan):
-            flat = torch.cat([grads[i].reshape(-1) for i in members])
-            wire, context = self.compression.compress(flat)
-            OPS["allreduce_"](wire, name=f"{self.what}.bucket.{number}", op=op,
-                              prescale_factor=prescale, postscale_factor=postscale,
-                              process_set=self.process_set)
-            if wire is not flat:
-                flat = self.compression.decompress(wire, context)
-            parts = flat.split([grads[i].numel() for i in members])
-            for i, part in zip(members, parts):
-                reduced[i] = part.view(grads[i].shape)
-        return reduced
+
+# The torch binding's support for the shared Keras optimizer (hvdlite._keras.optimizer).
+make_reducer = TorchGradientAverager
+
+
+def entry_point(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' torch train step is eager Python: ``apply`` is entered as it is."""
+    return fn
+
+
+def mark_step(after: Sequence[Any]) -> None:
+    """HVDLITE_REPORT: the step boundary, once the gradients are reduced."""
+    recorder = report.recorder()
+    if recorder is not None:
+        recorder.step_done()

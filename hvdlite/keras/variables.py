@@ -36,15 +36,3 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         _hvd.synchronize(handle)
         variable.assign(array)
     return None
-
-
-def local_layer_variables(local_layers: Any, what: str) -> list[Any]:
-    """The trainable variables of ``local_layers`` (a Keras layer or a list of them)."""
-    if local_layers is None:
-        return []
-    layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else list(local_layers)
-    for layer in layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise _hvd.HvdliteTypeError(f"{what}: local_layers holds Keras layers; got "
-                                        f"{type(layer).__name__}")
-    return [v for layer in layers for v in layer.trainable_weights]

@@ -107,6 +107,11 @@ class TensorFlowAdapter(TensorAdapter):
     def is_floating(self, tensor: Any) -> bool:
         return tf.as_dtype(tensor.dtype).is_floating
 
+    def pack(self, tensors: Any, flat: np.ndarray) -> None:
+        """Into a host buffer: TensorFlow's tensors cannot be written in place, so
+        gradient buckets live in host memory (a GPU tensor's ``numpy()`` copies it)."""
+        np.concatenate([t.numpy().reshape(-1) for t in tensors], out=flat)
+
 
 class _Capsule:
     """Hands CuPy a DLPack capsule made without a stream argument (TensorFlow's

@@ -2,98 +2,78 @@
 tf.function: what DistributedGradientTape and the Keras DistributedOptimizer
 (TensorFlow backend) do with the gradients they are given.
 
-Dense gradients go through ``hvdlite.api.gradients.reduce_all`` (groups,
-compression, gradient_predivide_factor), one grouped op per group so a whole
-step is one py_function per group inside a graph. ``tf.IndexedSlices`` (an
-Embedding's gradient) are reduced by allgather, or densified first with
-``sparse_as_dense=True``. A missing gradient (None) takes part as zeros, so a
-rank whose loss does not reach some variable still matches the others.
-Worker-local variables (``register_local_source``, ``local_layers``) are left
-out of the reduction and of the check that ranks train the same variables (a
-model-parallel layer may differ in shape between ranks); their gradients are
-divided by the set size unless ``scale_local_gradients=False``, as Horovod's.
+Dense gradients go to the reducer's buckets (``hvdlite.reducer``) in one call:
+inside a graph, one py_function per step for all of them. ``tf.IndexedSlices``
+(an Embedding's gradient) are reduced by allgather (one grouped op), or densified
+first with ``sparse_as_dense=True``. A missing gradient (None) takes part as
+zeros, so a rank whose loss does not reach some variable still matches the others.
+TensorFlow's tensors cannot be views of a buffer, so the buckets live in host
+memory: each gradient is copied in, and out as a new tensor.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional
 
 import tensorflow as tf
 
-from hvdlite.api.gradients import AveragerSettings, plan_groups, reduce_all, scaled_op
-from hvdlite.errors import UsageError
-from hvdlite.tensorflow.functions import check_same_variables, variable_specs
-from hvdlite.tensorflow.ops import OPS
+from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.process_set import ProcessSet
+from hvdlite.reduce_op import ReduceOp
+from hvdlite.reducer.lists import GradientLists
+from hvdlite.reducer.settings import Groups, Settings
+from hvdlite.tensorflow import graph
+from hvdlite.tensorflow.adapter import TENSORFLOW
+from hvdlite.tensorflow.functions import check_same_variables, variable_name
+from hvdlite.tensorflow.sparse import reduce_slices
 
 
-class GradientAverager(AveragerSettings):
-    """The settings of one DistributedGradientTape or DistributedOptimizer."""
+class GradientAverager(GradientLists):
+    """The averaging of one DistributedGradientTape or DistributedOptimizer."""
 
-    def check_variables(self, variables: Sequence[Any]) -> None:
-        """Once per distinct variable list: the same variables on every rank,
-        else a MismatchError everywhere (instead of a hang on a missing op)."""
-        key = tuple(variable_specs(variables))
-        if key not in self.checked:
-            check_same_variables(variables, self.what, self.process_set)
-            self.checked.add(key)
+    def __init__(self, what: str, compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, op: int = ReduceOp.AVERAGE,
+                 predivide: float = 1.0, groups: Groups = None,
+                 process_set: Optional[ProcessSet] = None, scale_local: bool = True) -> None:
+        super().__init__(TENSORFLOW, Settings(what, compression, op, predivide, 1, groups,
+                                              process_set), scale_local)
+        self.sparse_as_dense = sparse_as_dense
+        self._checked: set = set()       # lists of sparse variables already compared
 
-    def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        grads = list(grads)
-        if len(grads) != len(variables):
-            raise UsageError(f"{self.what}: {len(grads)} gradients for {len(variables)} "
-                             "variables")
-        if self.outside_set():
-            return grads
-        shared, local = self.split_local(variables)
-        reduced = self._reduce_shared([grads[i] for i in shared],
-                                      [variables[i] for i in shared])
-        for i, value in zip(shared, reduced):
-            grads[i] = value
-        scale = self.local_scale()
-        for i in local:
-            grads[i] = _scaled(grads[i], scale)
-        return grads
-
-    def _reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        self.check_variables(variables)
+    def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         grads = [self._densify(g, v) for g, v in zip(grads, variables)]
-        if self.alone():
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        dense = [i for i in range(len(grads)) if i not in set(sparse)]
+        if self.settings.alone():
             return grads
-        dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
-        reduced = self._reduce_dense([grads[i] for i in dense], [variables[i] for i in dense])
-        for i, value in zip(dense, reduced):
-            grads[i] = value
-        for i, grad in enumerate(grads):
-            if isinstance(grad, tf.IndexedSlices):
-                grads[i] = OPS["allreduce"](grad, name=f"{self.what}.sparse.{i}", op=self.op,
-                                            process_set=self.process_set)
+        if sparse:
+            self._check([variables[i] for i in sparse])
+            slices = reduce_slices([grads[i] for i in sparse], self.settings.op,
+                                   f"{self.settings.what}.sparse", self.settings.process_set)
+            for i, value in zip(sparse, slices):
+                grads[i] = value
+        if dense:
+            reduced = self._reduce_dense([grads[i] for i in dense], [variables[i] for i in dense])
+            for i, value in zip(dense, reduced):
+                grads[i] = value
         return grads
 
     def _reduce_dense(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        """Bucketed (one flat allreduce per bucket: one request, one py_function), or
-        one grouped op per ``groups=`` group."""
-        if not grads:
-            return []
-        sizes = [g.shape.num_elements() for g in grads]
-        plan = None if None in sizes else self.bucket_layout(
-            [n * g.dtype.size for n, g in zip(sizes, grads)], [g.dtype for g in grads])
-        if plan is None:
-            by_id = {id(v): n for n, v in enumerate(variables)}
-            groups = plan_groups(list(range(len(grads))), self.groups,
-                                 key_of=lambda v: by_id[id(v)])
-            return reduce_all(OPS["grouped_allreduce"], grads, f"{self.what}.grads",
-                              self.compression, self.op, self.predivide, groups,
-                              self.process_set)
-        op, prescale, postscale = scaled_op(self.op, self.predivide, self.process_set)
-        reduced = list(grads)
-        for number, members in enumerate(plan):
-            flat = tf.concat([tf.reshape(grads[i], [-1]) for i in members], axis=0)
-            total = OPS["allreduce"](flat, name=f"{self.what}.bucket.{number}",
-                                     compression=self.compression, op=op,
-                                     prescale_factor=prescale, postscale_factor=postscale,
-                                     process_set=self.process_set)
-            for i, part in zip(members, tf.split(total, [sizes[i] for i in members])):
-                reduced[i] = tf.reshape(part, grads[i].shape)
-        return reduced
+        """One call of the reducer (a py_function inside a graph). Its buckets are made,
+        and the ranks' variables compared, when it is first traced or called."""
+        specs = [(variable_name(v, i), tuple(tf.TensorShape(v.shape).as_list()),
+                  tf.as_dtype(g.dtype).name, "cpu") for i, (g, v) in enumerate(zip(grads, variables))]
+        reducer = self.reducer(specs, variables)
+        return graph.run(lambda *tensors: reducer.reduce(tensors), grads,
+                         [g.dtype for g in grads], [g.shape for g in grads])
+
+    def _check(self, variables: list[Any]) -> None:
+        """The sparse gradients' variables, the same on every rank (the dense ones' are
+        compared by their reducer), else a MismatchError everywhere."""
+        key = tuple(id(v) for v in variables)
+        if key not in self._checked:
+            check_same_variables(variables, f"{self.settings.what}.sparse",
+                                 self.settings.process_set)
+            self._checked.add(key)
 
     def _densify(self, grad: Any, variable: Any) -> Any:
         if grad is None:
@@ -102,12 +82,8 @@ class GradientAverager(AveragerSettings):
             return tf.convert_to_tensor(grad)
         return grad
 
-
-def _scaled(grad: Any, scale: float) -> Any:
-    """A worker-local gradient times ``scale`` (None stays None: nothing to apply)."""
-    if grad is None or scale == 1.0:
-        return grad
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad * tf.cast(scale, grad.dtype)
+    def scaled(self, grad: Any, scale: float) -> Any:
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype),
+                                    grad.indices, grad.dense_shape)
+        return grad * tf.cast(scale, grad.dtype)

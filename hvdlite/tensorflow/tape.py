@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import hvdlite as _hvd
 from hvdlite.api.compression import Compression, Compressor
-from hvdlite.api.gradients import Groups
+from hvdlite.reducer.settings import Groups
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError
 from hvdlite.tensorflow import graph
@@ -101,7 +101,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    scale_local_gradients: bool = True
                                    ) -> DistributedGradientTape:
     """A DistributedGradientTape whose ``local_layers``' variables stay worker-local."""
-    from hvdlite.keras.variables import local_layer_variables
+    from hvdlite._keras.layers import local_layer_variables    # Keras: imported on use
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)

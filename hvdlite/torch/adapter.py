@@ -3,7 +3,9 @@ their own memory (no copy, strides kept; bfloat16 travels as its bit pattern
 through ml_dtypes), and results come back as tensors sharing the arrays."""
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import math
+from typing import Any, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -79,6 +81,29 @@ class TorchAdapter(TensorAdapter):
 
     def is_floating(self, tensor: torch.Tensor) -> bool:
         return tensor.dtype.is_floating_point
+
+    # Flat buffers are torch tensors on the gradients' device: .grad can view them.
+    @property
+    def buffers(self) -> "TorchAdapter":
+        return self
+
+    def flat_buffer(self, dtype: str, device: str, count: int) -> torch.Tensor:
+        return torch.zeros(count, dtype=getattr(torch, dtype), device=device)
+
+    def view(self, flat: torch.Tensor, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return flat[offset:offset + math.prod(shape)].view(shape)
+
+    def pack(self, tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for tensor in tensors:       # any strides: one copy each, no contiguous copy
+                self.view(flat, offset, tuple(tensor.shape)).copy_(tensor)
+                offset += tensor.numel()
+
+    def unpack(self, flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Views of ``flat``: no copy (valid until ``flat`` is written again)."""
+        offsets = itertools.accumulate((math.prod(shape) for shape in shapes), initial=0)
+        return [self.view(flat, offset, shape) for offset, shape in zip(offsets, shapes)]
 
 
 def _current_stream(index: Any) -> int:

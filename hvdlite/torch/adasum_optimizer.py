@@ -22,7 +22,7 @@ from hvdlite.api import report as _report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import UsageError
-from hvdlite.torch.ops import OPS
+from hvdlite.torch.ops import grouped_allreduce
 from hvdlite.torch.optimizer import DistributedOptimizer, _parameter_names
 
 
@@ -75,7 +75,7 @@ class AdasumDistributedOptimizer(DistributedOptimizer):
         started = recorder.optimizer_wait_begin() if recorder is not None else 0.0
         try:
             if deltas:
-                reduced = OPS["grouped_allreduce"](
+                reduced = grouped_allreduce(
                     deltas, name="adasum_delta", compression=self._compression,
                     op=_hvd.Adasum, process_set=self._process_set)
                 with torch.no_grad():

@@ -1,14 +1,20 @@
 """DistributedOptimizer: average gradients across ranks while backward runs.
 
-A hook on each parameter fires when its gradient has been accumulated; once a
-parameter has seen ``backward_passes_per_step`` passes, its gradient is
-allreduced asynchronously in place, so communication overlaps the rest of the
-backward pass. ``step()`` waits for all of them, then runs the wrapped
+The gradients live in the reducer's flat buckets (``hvdlite.reducer``), laid out
+from the parameter list DDP's way and agreed with the peers when the first
+gradient arrives: from then on every parameter's ``.grad`` is a view of its
+bucket. A hook on each parameter fires when its gradient has been accumulated;
+once every gradient of a bucket has seen ``backward_passes_per_step`` passes, the
+bucket is allreduced in place by one request, so communication overlaps the rest
+of the backward pass. ``step()`` waits for all of them, then runs the wrapped
 optimizer.
 
-From the second step, gradients live in flat buckets (``buckets``): ``.grad`` is a
-view of its bucket and one in-place allreduce per full bucket replaces the
-per-gradient ones (HVDLITE_BUCKET_BYTES=0 keeps the per-gradient path).
+``zero_grad(set_to_none=False)`` zeroes the buckets and keeps the views, so the
+next backward adds straight into them: no copy at all. ``zero_grad()`` (torch's
+default) leaves ``.grad`` None as torch does; autograd then makes a new tensor
+for each gradient, which the hook copies into its bucket, pointing ``.grad`` at
+the view again: one copy per gradient, as DDP's ``gradient_as_bucket_view`` pays
+after the same call. Sparse gradients leave their bucket for the allgather path.
 
 It wraps the user's optimizer by composition inside one subclass of
 ``torch.optim.Optimizer`` (so LR schedulers accept it): ``param_groups``,
@@ -25,14 +31,13 @@ import torch
 
 import hvdlite as _hvd
 from hvdlite.api import report as _report
-from hvdlite.api import runtime
-from hvdlite.api.gradients import GradientReducer, Groups, plan_groups
-from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.submission import together
 from hvdlite.api.compression import Compression, Compressor
+from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteError, UsageError
-from hvdlite.torch import buckets as _buckets
-from hvdlite.torch.ops import OPS, sparse_allreduce_async
+from hvdlite.reducer.buckets import Reducer
+from hvdlite.reducer.settings import Groups, Settings
+from hvdlite.torch.adapter import TORCH
+from hvdlite.torch.sparse import sparse_allreduce_async
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -41,7 +46,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     A hook on each parameter starts its gradient's reduction as soon as the gradient is
     accumulated; ``step()`` waits for them all, then steps the wrapped optimizer. From
-    the second step the gradients are views into flat buckets (``HVDLITE_BUCKET_BYTES``).
+    the first step the gradients are views into flat buckets (``HVDLITE_BUCKET_BYTES``),
+    laid out in reverse registration order as DDP's.
     ``optimizer`` is wrapped by composition: ``param_groups`` and ``state`` are its own
     objects, and LR schedulers accept the wrapper.
 
@@ -90,32 +96,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if isinstance(optimizer, DistributedOptimizer):
             raise UsageError("this optimizer is already a DistributedOptimizer")
         self.__dict__["_optimizer"] = optimizer
+        self._settings = Settings("DistributedOptimizer", compression, op,
+                                  gradient_predivide_factor, backward_passes_per_step, groups,
+                                  process_set)
         self._sparse_as_dense = sparse_as_dense
-        self._op, self._process_set = op, process_set
-        # Sparse gradients reduced by allgather, outside the reducer's dense path.
+        self._names = _parameter_names(optimizer, named_parameters)     # by id
+        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        self._position = {id(p): i for i, p in enumerate(self._params)}
+        self._reducer: Optional[Reducer] = None        # made when the first gradient arrives
+        self._unagreed: Optional[HvdliteError] = None  # why it could not be: raised by step()
+        self._sparse: set[int] = set()                 # positions whose gradients are sparse
         self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._densified: list[torch.Tensor] = []   # sparse_as_dense: made sparse again after
-        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-        self._by_key = {id(p): p for p in self._params}
-        self._groups = plan_groups([id(p) for p in self._params], groups, key_of=id)
-        self._reducer = GradientReducer(
-            OPS, _parameter_names(optimizer, named_parameters), compression,
-            backward_passes_per_step, op, gradient_predivide_factor, process_set,
-            self._groups)
-        self._settings = (backward_passes_per_step, compression, op, gradient_predivide_factor)
-        # Gradient buckets, made after the first step (see buckets.py); until then the
-        # order backward produces gradients in, and the parameters with sparse ones.
-        self._buckets: Optional[_buckets.Buckets] = None
-        # Agreed but not allocated yet: the buckets, and the parameters' shapes then.
-        self._layout: Optional[tuple[list[list[int]], list[torch.Size]]] = None
-        self._ready_order: dict[int, None] = {}
-        self._sparse_ids: set[int] = set()
         self._synchronized = False
         self._should_synchronize = True
         self._warned_double_sync = False
         # A rank outside the process set keeps its own gradients, as Horovod's: no
         # hooks, nothing to wait for (the set's members reduce among themselves).
-        self._outside = process_set is not None and not process_set.included()
+        self._outside = self._settings.outside()
         self._hook_handles = [] if self._outside else [
             p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
@@ -149,7 +147,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _parameter_names(self) -> dict[torch.Tensor, str]:
         """{parameter: name} as Horovod's optimizer has it (names are unique per rank
         and the same on every rank)."""
-        return {param: self._reducer.names[id(param)] for param in self._params}
+        return {param: self._names[id(param)] for param in self._params}
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         return self._optimizer.state_dict()
@@ -158,49 +156,66 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.load_state_dict(state_dict)
 
     # -- gradient reduction --------------------------------------------------------------------
+    def _agreed_reducer(self) -> Optional[Reducer]:
+        """The reducer, made on first use: its layout comes from the parameter list and
+        is agreed with the peers in one exchange, before any gradient is reduced. If
+        the ranks' parameters differ, every rank's next step() raises the
+        MismatchError, and the step after tries again (a caught error or an elastic
+        retry mends the model first)."""
+        if self._reducer is None and self._unagreed is None and self._params:
+            specs = [(self._names[id(p)], tuple(p.shape), TORCH.dtype_name(p), TORCH.device(p))
+                     for p in self._params]
+            try:
+                self._reducer = Reducer(TORCH, specs, self._settings,
+                                        lambda p: self._position.get(id(p)))
+            except HvdliteError as error:
+                self._unagreed = error
+        return self._reducer
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if self._layout is not None:
-            self._allocate_buckets(adopt=True)
-        buckets = self._buckets
-        if buckets is not None and id(param) in buckets.of:
-            buckets.ready(param)
+        reducer = self._agreed_reducer()
+        if reducer is None:
             return
-        if buckets is None:
-            self._ready_order[id(param)] = None
-        if id(param) in self._sparse_pending:   # the reducer's own check sees dense ones
-            raise HvdliteError(
-                f"rank {_hvd.rank()}: the gradient of '{self._reducer.names[id(param)]}' "
-                "was computed again before step(); call step() (or synchronize()) after "
-                "each backward(), or raise backward_passes_per_step")
-        keys = self._reducer.ready(id(param))
-        if keys:
-            self._submit_all([self._by_key[key] for key in keys])
-
-    def _submit_all(self, params: list[torch.Tensor]) -> None:
-        """Several gradients (a whole ``groups=`` group, or what synchronize() adds) go
-        to the engine as one batch: one round. One alone needs no batch."""
-        if len(params) == 1:
-            self._submit(params[0])
+        position = self._position[id(param)]
+        grad = param.grad
+        if position in self._sparse or (grad is not None and grad.is_sparse
+                                        and not self._sparse_as_dense):
+            self._sparse.add(position)
+            reducer.evict(position)
+            if reducer.ready(position):
+                self._start_sparse(param)
             return
-        with together("DistributedOptimizer"):
-            for param in params:
-                self._submit(param)
+        self._into_view(reducer, param, position)
+        reducer.ready(position)
 
-    def _submit(self, param: torch.Tensor) -> None:
-        if param.grad is None:   # no gradient here this step; peers may have one
-            param.grad = torch.zeros_like(param)
-        elif param.grad.is_sparse:
-            self._sparse_ids.add(id(param))
-            if not self._sparse_as_dense:
-                # Allgather indices and values (no compression: they are exact rows).
-                handle = sparse_allreduce_async(
-                    param.grad, f"sparse_allreduce.{self._reducer.names[id(param)]}",
-                    self._op, self._process_set)
-                self._sparse_pending[id(param)] = (param, handle)
-                return
-            param.grad = param.grad.to_dense()
+    def _into_view(self, reducer: Reducer, param: torch.Tensor, position: int) -> None:
+        """Point ``.grad`` at its view of the bucket, copying in the gradient it holds
+        (a new one after zero_grad(), one the user assigned; none: zeros)."""
+        view = reducer.view(position)
+        grad = param.grad
+        if view is None or grad is view:       # a set of one rank has no buckets
+            return
+        if grad is None:
+            view.zero_()
+        elif grad.shape != view.shape or grad.dtype != view.dtype:
+            reducer.fail(position, tuple(grad.shape), TORCH.dtype_name(grad))
+        elif grad.is_sparse:                   # sparse_as_dense
+            view.copy_(grad.to_dense())
             self._densified.append(param)
-        self._reducer.submit(id(param), param.grad)
+        else:
+            view.copy_(grad)
+        param.grad = view
+
+    def _start_sparse(self, param: torch.Tensor) -> None:
+        """Allgather a sparse gradient's indices and values (no compression: they are
+        exact rows); a rank without one this step sends none."""
+        grad = param.grad
+        if grad is None or not grad.is_sparse:
+            grad = (torch.zeros_like(param) if grad is None else grad).to_sparse(1)
+        name = self._names[id(param)]
+        handle = sparse_allreduce_async(grad, f"sparse_allreduce.{name}", self._settings.op,
+                                        self._settings.process_set)
+        self._sparse_pending[id(param)] = (param, handle)
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged. Parameters without a gradient on
@@ -215,34 +230,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self) -> None:
         """Every started reduction is waited for even when one fails, and the first
-        error raised after: nothing is left pending (see GradientReducer.wait_all)."""
+        error raised after: nothing is left pending (see Reducer.wait)."""
         if self._outside:
             self._synchronized = True
             return
-        if self._layout is not None:
-            self._allocate_buckets(adopt=True)
-        errors: list[HvdliteError] = []
-        buckets = self._buckets
-        try:
-            if not self._synchronized:
-                missed = [p for p in self._params if id(p) not in self._reducer.pending
-                          and id(p) not in self._sparse_pending
-                          and (buckets is None or id(p) not in buckets.of)]
-                if missed:
-                    self._submit_all(missed)
-                if buckets is not None:
-                    buckets.start_the_rest()
-        except HvdliteError as error:
-            errors.append(error)
-        if buckets is not None:
-            errors.extend(buckets.wait_all(OPS["synchronize"]))
-        try:
-            self._reducer.wait_all(lambda grad, restored: grad.copy_(restored))
-        except HvdliteError as error:
-            errors.append(error)
+        reducer = self._agreed_reducer()
+        errors = [] if self._unagreed is None else [self._unagreed]
+        self._unagreed = None
+        if reducer is not None and not self._synchronized:
+            try:
+                self._start_the_rest(reducer)
+            except HvdliteError as error:
+                errors.append(error)
+        if reducer is not None:
+            errors.extend(reducer.wait())
         for param, handle in self._sparse_pending.values():
             try:
-                param.grad = OPS["synchronize"](handle)
+                param.grad = handle.result()
             except HvdliteError as error:
                 errors.append(error)
         self._sparse_pending.clear()
@@ -252,42 +256,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             raise errors[0]
         self._synchronized = True
-        if (buckets is None and self._layout is None and runtime.config().bucket_bytes
-                and not self._reducer._alone()):   # (on one rank a gradient is its own mean)
-            self._agree_on_buckets()
 
-    def _agree_on_buckets(self) -> None:
-        """After the first step's reduction: buckets in the order backward produced
-        the gradients, parameters with no gradient after them (rank 0's, for all).
-        They are allocated once this step's gradients are let go of (zero_grad), or
-        when the next backward begins, so the two never take memory at once."""
-        params = self._params
-        index = {id(p): i for i, p in enumerate(params)}
-        order = [index[k] for k in self._ready_order if k in index]
-        seen = set(order)
-        order += [i for i in reversed(range(len(params))) if i not in seen]
-        sparse = [index[k] for k in self._sparse_ids if k in index]
-        groups = [[index[k] for k in members if k in index] for members in self._groups[1]]
-        root = 0 if self._process_set is None else self._process_set.ranks[0]
-        plan = _buckets.agree_layout(
-            params, order, sparse, runtime.config().bucket_bytes, groups,
-            lambda mine: _hvd.broadcast_object(mine, root, "DistributedOptimizer.buckets",
-                                               self._process_set))
-        self._layout = (plan, [p.shape for p in params])
-        self._ready_order.clear()
-
-    def _allocate_buckets(self, adopt: bool) -> None:
-        passes, compression, op, predivide = self._settings
-        assert self._layout is not None
-        plan, shapes = self._layout
-        self._buckets = _buckets.build(self._params, self._reducer.names, plan, shapes, adopt,
-                                       passes, compression, op, predivide, self._process_set)
-        self._layout = None
-        # Step 1 packed the small gradients into the engine's fusion buffer; buckets
-        # are reduced in place and never pack. Resident, that buffer put the bucketed
-        # transformer's peak 1-2% above DDP's (BENCHMARKS.md); anything that packs
-        # later makes a new one, sized for what it packs.
-        runtime.release_host_fusion_buffer()
+    def _start_the_rest(self, reducer: Reducer) -> None:
+        """The gradients this step has not completed (none on this rank, or fewer
+        passes) take part as they are, so every rank reduces every bucket."""
+        for position in reducer.unready():
+            param = self._params[position]
+            if position in self._sparse:
+                self._start_sparse(param)
+            else:
+                self._into_view(reducer, param, position)
+        reducer.start_the_rest()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -302,8 +281,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
         if self._should_synchronize and self._synchronized:
             self._warn_step_after_synchronize()
-        waiting = (self._reducer.pending or self._sparse_pending
-                   or (self._buckets is not None and self._buckets.pending))
+        waiting = self._sparse_pending or (self._reducer is not None and self._reducer.pending)
         if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
         self._synchronized = False
@@ -331,37 +309,42 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """As the wrapped optimizer's. With ``set_to_none=False``, bucketed gradients
         are zeroed in their buckets and stay views of them: the next backward adds
         straight into the buckets. With None (torch's default), each new gradient is
-        copied into its bucket when its hook fires (see buckets.py)."""
-        buckets = self._buckets
-        pending = len(self._reducer.pending) + len(self._sparse_pending) + (
-            len(buckets.started) if buckets is not None else 0)
+        copied into its bucket when its hook fires."""
+        reducer = self._reducer
+        pending = len(self._sparse_pending) + (reducer.pending if reducer is not None else 0)
         if pending:
             raise HvdliteError(
                 f"rank {_hvd.rank()}: optimizer.zero_grad() was called while {pending} "
                 "gradients are still being averaged across ranks "
                 "(after backward(), before step()/synchronize()). Call zero_grad() before "
                 "backward() or after step().")
-        if buckets is None or set_to_none:
+        if reducer is None or set_to_none or reducer.alone:
             self._optimizer.zero_grad(set_to_none=set_to_none)
-            if self._layout is not None:    # the gradients are gone (or zeros): make room
-                self._allocate_buckets(adopt=not set_to_none)
             return
-        buckets.zero()
+        reducer.zero()
         for group in self._optimizer.param_groups:
             for param in group["params"]:
-                if id(param) not in buckets.of and param.grad is not None:
+                position = self._position.get(id(param))
+                if position is not None and position not in self._sparse:
+                    param.grad = reducer.view(position)
+                elif param.grad is not None:          # outside the buckets: sparse, frozen
                     param.grad.detach_().zero_()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """The new parameters get buckets too: the layout is made again (and agreed
+        again, on every rank) when the next gradient arrives."""
         self._optimizer.add_param_group(param_group)
-        for param in self._optimizer.param_groups[-1]["params"]:
-            if param.requires_grad and id(param) not in self._reducer.names:
-                self._reducer.names[id(param)] = f"noname.{len(self._reducer.names)}"
-                self._params.append(param)
-                self._by_key[id(param)] = param
-                if not self._outside:
-                    self._hook_handles.append(param.register_post_accumulate_grad_hook(
-                        self._on_grad_ready))
+        added = [p for p in self._optimizer.param_groups[-1]["params"]
+                 if p.requires_grad and id(p) not in self._names]
+        for param in added:
+            self._names[id(param)] = f"noname.{len(self._names)}"
+            self._position[id(param)] = len(self._params)
+            self._params.append(param)
+            if not self._outside:
+                self._hook_handles.append(param.register_post_accumulate_grad_hook(
+                    self._on_grad_ready))
+        if added:
+            self._reducer, self._sparse = None, set()
 
 
 def _parameter_names(optimizer: torch.optim.Optimizer,

@@ -196,7 +196,7 @@ def multi_rank_path():  # type: ignore[no-untyped-def]
 
 def test_gradient_buckets_on_gpu_are_views_reduced_in_place(gpu_path: str,
                                                             multi_rank_path: None) -> None:
-    """From the second step each CUDA .grad is a view of a CUDA bucket, and N ranks
+    """From the first step each CUDA .grad is a view of a CUDA bucket, and N ranks
     on 1/N of the batch reach one process's parameters (float64)."""
     def make() -> "torch.nn.Module":
         torch.manual_seed(5)
@@ -217,7 +217,7 @@ def test_gradient_buckets_on_gpu_are_views_reduced_in_place(gpu_path: str,
         everyone = [batches[step * hvd.size() + r].cuda() for r in range(hvd.size())]
         (sum(reference(b).pow(2).sum() for b in everyone) / hvd.size()).backward()
         plain.step()
-    flats = [b.flat for b in optimizer._buckets.buckets]
+    flats = [b.flat for b in optimizer._reducer.buckets]
     assert all(f.is_cuda for f in flats)
     assert all(any(p.grad._base is f for f in flats) for p in model.parameters())
     for mine_p, want in zip(model.parameters(), reference.parameters()):

@@ -1,12 +1,12 @@
-"""The torch DistributedOptimizer's gradient buckets (the default from the second
-step; HVDLITE_BUCKET_BYTES=0 is the per-gradient path): N ranks on 1/N of each
-batch match one process on the whole batch and the per-gradient path, every rank
-holds bitwise identical parameters, ``.grad`` is a view of its bucket, the
-first step's fusion buffer is let go, a step costs one submission per bucket,
-and each case the buckets must keep working (accumulation, sparse gradients,
-compression, groups, missing gradients, zero_grad both ways, clipping, two
-optimizers) or refuse clearly (a parameter whose shape changed after step 1
-fails every rank, naming it, without a hang)."""
+"""The torch DistributedOptimizer's gradient buckets (from the first step;
+HVDLITE_BUCKET_BYTES=0 gives each gradient a bucket of its own): N ranks on 1/N of
+each batch match one process on the whole batch and one bucket per gradient,
+every rank holds bitwise identical parameters, ``.grad`` is a view of its
+bucket, the engine's fusion buffer is let go, every step costs one submission
+per bucket, and each case the buckets must keep working (accumulation, sparse
+gradients, compression, groups, missing gradients, zero_grad both ways,
+clipping, two optimizers) or refuse clearly (a parameter whose shape changed
+after step 1 fails every rank, naming it, without a hang)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -108,20 +108,22 @@ def test_buckets_match_one_process_and_the_per_gradient_path(cap: int, bucket_by
     assert_identical_everywhere(_params(bucketed))
 
 
-def test_grads_are_views_of_the_buckets_after_the_first_step() -> None:
+def _bucket_params(optimizer: Any, bucket: Any) -> list:
+    return [optimizer._params[i] for i in bucket.members]
+
+
+def test_grads_are_views_of_the_buckets_from_the_first_step() -> None:
     model = _model()
     optimizer = _distributed(model)
+    assert optimizer._reducer is None      # laid out when the first gradient arrives
     _loss(model, _batch(hvd.rank(), 0)).backward()
     optimizer.step()
-    # Allocated once step 1's gradients are let go of, so the two never take memory at once.
-    assert optimizer._buckets is None
-    optimizer.zero_grad(set_to_none=False)
-    buckets = optimizer._buckets.buckets
-    assert sum(len(b.params) for b in buckets) == len(list(model.parameters()))
+    buckets = optimizer._reducer.buckets
+    assert sum(len(b.members) for b in buckets) == len(list(model.parameters()))
     for bucket in buckets:
         start = bucket.flat.data_ptr()
         end = start + bucket.flat.numel() * bucket.flat.element_size()
-        for param in bucket.params:
+        for param in _bucket_params(optimizer, bucket):
             assert param.grad._base is bucket.flat
             assert start <= param.grad.data_ptr() < end
     # Backward adds into the buckets (set_to_none=False keeps the views): averaged
@@ -130,33 +132,48 @@ def test_grads_are_views_of_the_buckets_after_the_first_step() -> None:
     assert all(float(b.flat.abs().sum()) == 0.0 for b in buckets)
     _loss(model, _batch(hvd.rank(), 1)).backward()
     optimizer.synchronize()
-    assert all(p.grad._base is buckets[0].flat or p.grad._base in [b.flat for b in buckets]
-               for p in model.parameters())
+    assert all(p.grad._base in [b.flat for b in buckets] for p in model.parameters())
     with optimizer.skip_synchronize():
         optimizer.step()
 
 
+def test_the_layout_is_reverse_registration_order_with_a_small_first_bucket(
+        bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    """DDP's layout, known before any gradient: the last parameters (whose gradients
+    backward produces first) in the first bucket, closed past 1 MiB, then buckets
+    up to the cap. The same on every rank."""
+    bucket_bytes(3 << 19)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(12)])  # 257 KiB each
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(layers.parameters(), lr=0.1),
+                                         named_parameters=layers.named_parameters())
+    layers(torch.ones(1, 256)).sum().backward()
+    optimizer.step()
+    names = [[optimizer._reducer.names[i] for i in b.members] for b in optimizer._reducer.buckets]
+    flat = [name for bucket in names for name in bucket]
+    assert flat == [name for name, _ in reversed(list(layers.named_parameters()))]
+    sizes = [sum(optimizer._params[i].numel() * 4 for i in b.members)
+             for b in optimizer._reducer.buckets]
+    assert sizes[0] <= 1 << 20 < sizes[0] + 256 * 256 * 4      # the next weight: past 1 MiB
+    assert len(sizes) == 3 and all(size <= 3 << 19 for size in sizes)
+    assert_identical_everywhere([np.array([len(b) for b in names])])
+
+
 def test_the_fusion_buffer_is_let_go_when_the_buckets_are_made() -> None:
-    """Step 1 packs small gradients into the engine's fusion buffer (how many depends
-    on how many one negotiation round agrees, so a reducescatter, which always goes
-    through the buffer, makes sure there is one here); buckets never pack, so the
-    buffer goes when they are made (its memory would sit beside them at every later
-    step's peak). Whatever packs afterwards gets a new buffer, and right sums."""
+    """Buckets never pack into the engine's fusion buffer (a reducescatter, which
+    always goes through the buffer, makes sure there is one here), so the buffer
+    goes when they are made: its memory would sit beside them at every step's peak.
+    Whatever packs afterwards gets a new buffer, and right sums."""
     fusion = runtime.engine().executor.fusion
     rows = torch.arange(2.0 * hvd.size()) + hvd.rank()
     hvd.reducescatter(rows, op=hvd.Sum)
+    assert fusion.host_bytes > 0
     model = _model()
     optimizer = _distributed(model)
-    _loss(model, _batch(hvd.rank(), 0)).backward()
-    optimizer.step()
-    assert fusion.host_bytes > 0
-    optimizer.zero_grad()
-    assert optimizer._buckets is not None and fusion.host_bytes == 0
-    for step in range(1, STEPS):      # the buckets' steps
+    for step in range(STEPS):
         optimizer.zero_grad()
         _loss(model, _batch(hvd.rank(), step)).backward()
         optimizer.step()
-    assert fusion.host_bytes == 0
+        assert optimizer._reducer is not None and fusion.host_bytes == 0
     _assert_close(model, _one_process())
     mine = hvd.reducescatter(rows, op=hvd.Sum)
     first = 2 * hvd.rank()
@@ -164,29 +181,33 @@ def test_the_fusion_buffer_is_let_go_when_the_buckets_are_made() -> None:
     assert mine.tolist() == expected and fusion.host_bytes > 0
 
 
-def test_a_steady_step_is_one_submission_per_bucket(bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+def test_every_step_is_one_submission_per_bucket(bucket_bytes) -> None:  # type: ignore[no-untyped-def]
+    """The first step too: the layout's one exchange, then the buckets (no request per
+    gradient, no second route)."""
     bucket_bytes(1000)
     model = _model()
     optimizer = _distributed(model)
     engine = runtime.engine()
-    submitted: list[str] = []
+    submitted: list[list[str]] = []
     plain_submit = engine.submit
 
     def counting(request: Any, finish: Any = None) -> int:
-        submitted.append(request.desc.name)
+        submitted[-1].append(request.desc.name)
         return plain_submit(request, finish)
     engine.submit = counting          # an instance attribute shadows the method
     try:
         for step in range(3):
+            submitted.append([])
             optimizer.zero_grad()
             _loss(model, _batch(hvd.rank(), step)).backward()
             optimizer.step()
-            if step == 0:
-                submitted.clear()     # the first step: per gradient, then the layout
     finally:
         del engine.submit
-    names = [b.name for b in optimizer._buckets.buckets]
-    assert len(names) > 1 and sorted(submitted) == sorted(names * 2)
+    names = [b.name for b in optimizer._reducer.buckets]
+    assert len(names) > 1
+    first = [n for n in submitted[0] if not n.startswith("DistributedOptimizer.layout")]
+    assert len(first) < len(submitted[0]) and first == names     # in layout order
+    assert submitted[1] == submitted[2] == names
 
 
 @pytest.mark.parametrize("zero", ["set_to_none", "zeros", "model", "alternating"])
@@ -216,8 +237,8 @@ def test_every_way_of_zeroing_gives_the_same_training(zero: str, bucket_bytes) -
                                      {"compression": "fp16"}],
                          ids=["accumulation", "groups", "fp16"])
 def test_accumulation_sparse_compression_and_groups(options: dict, bucket_bytes) -> None:  # type: ignore[no-untyped-def]
-    """Each with a sparse embedding (reduced by allgather, outside the buckets), against
-    the same options on the per-gradient path."""
+    """Each with a sparse embedding (reduced by allgather, evicted from its bucket),
+    against the same options with one bucket per gradient."""
     def run() -> list[np.ndarray]:
         torch.manual_seed(3)
         table = torch.nn.Embedding(10, 5, sparse=True).double()
@@ -236,11 +257,13 @@ def test_accumulation_sparse_compression_and_groups(options: dict, bucket_bytes)
                 ids = torch.tensor([(hvd.rank() + step) % 10, (3 * m) % 10])
                 _loss(head, table(ids)).backward()
             optimizer.step()
-        if optimizer._buckets is not None:
-            assert id(table.weight) not in optimizer._buckets.of
-            assert all(id(p) in optimizer._buckets.of for p in head.parameters())
+        reducer = optimizer._reducer
+        if reducer is not None and not reducer.alone:
+            assert optimizer._sparse == {0}            # the table's: out of its bucket
+            assert [b.evicted for b in reducer.buckets if 0 in b.members] == [{
+                [b.members for b in reducer.buckets if 0 in b.members][0].index(0)}]
             if "groups" in settings:
-                assert [b.params for b in optimizer._buckets.buckets].count(params[2:4]) == 1
+                assert [b.members for b in reducer.buckets].count([2, 3]) == 1
         return [p.detach().numpy().copy() for p in params]
     bucket_bytes(1000)
     bucketed = run()
@@ -300,7 +323,7 @@ def test_two_optimizers_keep_their_buckets_apart() -> None:
         (_loss(first, _batch(hvd.rank(), step)) + _loss(second, _batch(hvd.rank(), step))).backward()
         for optimizer in optimizers:
             optimizer.step()
-    names = [b.name for o in optimizers for b in o._buckets.buckets]
+    names = [b.name for o in optimizers for b in o._reducer.buckets]
     assert len(set(names)) == len(names)
     assert_identical_everywhere(_params(first) + _params(second))
 
@@ -348,7 +371,8 @@ def test_a_process_set_reduces_among_its_members_and_others_keep_their_own(
             plain.step()
         _assert_close(model, reference)
         made = evens.included() and (evens.size() > 1 or not shortcut)
-        assert (optimizer._buckets is not None) == made
+        reducer = optimizer._reducer
+        assert (reducer is not None and reducer.buckets[0].flat is not None) == made
     finally:
         reconfigure(one_rank_shortcut=False)
         hvd.remove_process_set(evens)

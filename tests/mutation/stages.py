@@ -129,12 +129,20 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_compression.py"),
         ("mpi2", "tests/mpi/test_scaling.py"),
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py")]),
-    "hvdlite/api/gradients.py": (400, [
-        ("unit", "tests/unit/test_gradients.py tests/unit/test_planning.py "
-                 "tests/unit/test_batches.py"),
-        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
+    "hvdlite/reducer/buckets.py": (400, [
+        ("unit", "tests/unit/test_reducer.py"),
+        ("mpi2", "tests/mpi/test_torch_buckets.py tests/mpi/test_torch_training.py "
                  "tests/mpi/test_torch_optimizer.py"),
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_fit.py")]),
+    "hvdlite/reducer/layout.py": (200, [
+        ("unit", "tests/unit/test_reducer.py"),
+        ("mpi2", "tests/mpi/test_torch_buckets.py")]),
+    "hvdlite/reducer/settings.py": (200, [
+        ("unit", "tests/unit/test_reducer.py"),
+        ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_tf_tape.py")]),
+    "hvdlite/reducer/lists.py": (200, [
+        ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_keras_optimizer.py "
+                 "tests/mpi/test_keras_buckets.py")]),
     "hvdlite/torch/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
                  "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
@@ -149,7 +157,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/tensorflow/gradients.py": (300, [
         ("mpi2", "tests/mpi/test_tf_tape.py tests/mpi/test_tf_scatter_grads.py "
                  "tests/mpi/test_keras_fit.py")]),
-    "hvdlite/keras/optimizer.py": (400, [
+    "hvdlite/_keras/optimizer.py": (400, [
         ("mpi2", "tests/mpi/test_keras_optimizer.py"),     # its own tests first: seconds
         ("mpi2", "tests/mpi/test_keras_fit.py tests/mpi/test_keras_momentum.py"),
         ("mpi2", "tests/mpi/test_keras_elastic.py")]),

@@ -1,7 +1,7 @@
-"""Stand-ins that test_batches.py and test_gradients.py share: a GPU tensor as the
+"""Stand-ins that test_batches.py and test_reducer.py share: a GPU tensor as the
 API's adapters see one, without a GPU (a NumPy array that its adapter reports on
-"cuda:0"), so the GPU paths (ready events, buckets) run on this machine; and an
-engine that records which submissions came in one ``batch()``."""
+"cuda:0"), so the GPU paths (ready events, buckets on the device) run on this
+machine; and an engine that records which submissions came in one ``batch()``."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +16,12 @@ class StandInGpuTensor:
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
 
+    def __getitem__(self, index: Any) -> "StandInGpuTensor":
+        return StandInGpuTensor(self.array[index])
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.array[index] = value
+
 
 class StandInGpuAdapter(adapters.TensorAdapter):
     framework = "stand-in-gpu"
@@ -28,6 +34,27 @@ class StandInGpuAdapter(adapters.TensorAdapter):
 
     def device(self, tensor: Any) -> str:
         return "cuda:0"
+
+    def dtype_name(self, tensor: Any) -> str:
+        return tensor.array.dtype.name
+
+    # Gradient buckets on the "device": flat buffers of its own tensors, as torch's.
+    @property
+    def buffers(self) -> "StandInGpuAdapter":
+        return self
+
+    def flat_buffer(self, dtype: str, device: str, count: int) -> StandInGpuTensor:
+        assert device == "cuda:0", device
+        return StandInGpuTensor(np.zeros(count, dtype))
+
+    def view(self, flat: Any, offset: int, shape: tuple[int, ...]) -> StandInGpuTensor:
+        return StandInGpuTensor(super().view(flat.array, offset, shape))
+
+    def pack(self, tensors: Any, flat: Any) -> None:
+        super().pack(tensors, flat.array)
+
+    def unpack(self, flat: Any, shapes: Any) -> list[StandInGpuTensor]:
+        return [StandInGpuTensor(a) for a in adapters.NUMPY.unpack(flat.array, shapes)]
 
 
 class BatchingEngine:

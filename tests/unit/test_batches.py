@@ -1,20 +1,17 @@
 """Submissions in batches, without MPI: a thread's batch reaches the engine's queue
-all at once with one wake-up, and DistributedOptimizer's GPU gradients travel in
-buckets of HVDLITE_GPU_BUCKET_BYTES (a fake GPU tensor stands in for CUDA)."""
+all at once with one wake-up, and its GPU tensors share one ready event (a fake
+GPU tensor stands in for CUDA; the gradient buckets on a device are in
+test_reducer.py)."""
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
-from hvdlite.api import adapter as adapters
 from hvdlite.api import runtime
-from hvdlite.api.compression import Compression
-from hvdlite.api.gradients import GradientReducer
-from hvdlite.config import Config
 from hvdlite.core import waiting
 from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor
 
@@ -65,53 +62,6 @@ def _gpu_tensor(count: int) -> StandInGpuTensor:
     return StandInGpuTensor(np.zeros(count, np.float32))
 
 
-_Engine = BatchingEngine
-
-
-@pytest.fixture
-def reducer(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[GradientReducer, _Engine, list]]:
-    engine = _Engine()
-    started: list[str] = []
-    synchronized: list[int] = []
-    monkeypatch.setattr(adapters, "_REGISTERED", [StandInGpuAdapter()] + adapters._REGISTERED)
-    monkeypatch.setattr(runtime, "size", lambda: 2)
-    monkeypatch.setattr(runtime, "rank", lambda: 0)
-    monkeypatch.setattr(runtime, "engine", lambda what="": engine)
-    monkeypatch.setattr(runtime, "config", lambda: Config.load({}, gpu_bucket_bytes=3 * 400))
-
-    def allreduce_async_(wire: Any, name: str, **_: Any) -> int:
-        started.append(name)
-        if engine.current is not None:
-            engine.current.append(name)
-        return len(started)
-
-    ops = {"allreduce_async_": allreduce_async_, "synchronize": synchronized.append}
-    names = {k: f"p{k}" for k in range(5)}
-    made = GradientReducer(ops, names, Compression.none, 1, 1, 1.0, None, ({}, []))
-    yield made, engine, synchronized
-
-
-def test_gpu_gradients_go_in_buckets_and_the_rest_at_synchronize(reducer: Any) -> None:
-    made, engine, synchronized = reducer
-    for key in range(5):                       # 100 float32 each: 400 bytes, 3 per bucket
-        made.submit(key, _gpu_tensor(100))
-        if key < 2:
-            assert engine.batches == []        # still in the bucket
-    assert engine.batches == [["allreduce.p0", "allreduce.p1", "allreduce.p2"]]
-    assert set(made.pending) == set(range(5))  # in the bucket counts as pending
-    made.wait_all(lambda grad, restored: None)
-    assert engine.batches[1] == ["allreduce.p3", "allreduce.p4"]
-    assert synchronized == [1, 2, 3, 4, 5] and made.pending == {}
-
-
-def test_a_gradient_in_the_bucket_computed_again_is_refused(reducer: Any) -> None:
-    made, _, _ = reducer
-    assert made.ready(0) == [0]
-    made.submit(0, _gpu_tensor(10))
-    with pytest.raises(Exception, match="more than backward_passes_per_step"):
-        made.ready(0)
-
-
 class _CountingGpuAdapter(StandInGpuAdapter):
     def __init__(self) -> None:
         self.events = 0
@@ -124,7 +74,7 @@ class _CountingGpuAdapter(StandInGpuAdapter):
 def test_a_batch_of_gpu_tensors_shares_one_ready_event(monkeypatch: pytest.MonkeyPatch) -> None:
     from hvdlite.api import submission
     adapter = _CountingGpuAdapter()
-    monkeypatch.setattr(runtime, "engine", lambda what="": _Engine())
+    monkeypatch.setattr(runtime, "engine", lambda what="": BatchingEngine())
     alone = [submission.Input(adapter, _gpu_tensor(4), "t").ready for _ in range(2)]
     with submission.together("test"):
         shared = [submission.Input(adapter, _gpu_tensor(4), "t").ready for _ in range(3)]

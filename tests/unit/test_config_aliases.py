@@ -1,6 +1,7 @@
 """Horovod's variables (HOROVOD_TIMELINE, HOROVOD_FUSION_THRESHOLD, ...), read where
 hvdlite's own are unset; hvdlite's win where both are set. The HOROVOD_* variables
-without a meaning here are each warned about once."""
+without a meaning here are each warned about once. hvdlite's own old names for a
+setting (HVDLITE_GPU_BUCKET_BYTES) are read too, with a warning."""
 from __future__ import annotations
 
 import logging
@@ -191,3 +192,25 @@ def test_every_variable_horovod_reads_is_read_or_ignored_and_documented() -> Non
     assert set(HOROVOD_RUNTIME) == aliases | set(horovod_env.IGNORED)
     documented = set(re.findall(r"`(HOROVOD_[A-Z0-9_]+)`", CONFIGURATION_PAGE.read_text()))
     assert set(HOROVOD_RUNTIME) <= documented, sorted(set(HOROVOD_RUNTIME) - documented)
+
+
+def test_the_old_gpu_bucket_size_is_read_as_the_one_bucket_size_with_a_warning(
+        warnings: pytest.LogCaptureFixture) -> None:
+    """HVDLITE_GPU_BUCKET_BYTES, folded into HVDLITE_BUCKET_BYTES: still read (not an
+    unknown variable), with a warning naming the variable to set instead."""
+    config = Config.load({"HVDLITE_GPU_BUCKET_BYTES": "4MiB"})
+    assert config.bucket_bytes == 4 << 20 and not hasattr(config, "gpu_bucket_bytes")
+    assert "HVDLITE_GPU_BUCKET_BYTES is deprecated; set HVDLITE_BUCKET_BYTES instead" in (
+        warnings.text)
+    assert "unknown" not in warnings.text
+    warnings.clear()
+    both = Config.load({"HVDLITE_GPU_BUCKET_BYTES": "4MiB", "HVDLITE_BUCKET_BYTES": "2MiB"})
+    assert both.bucket_bytes == 2 << 20 and "both are set" in warnings.text
+    warnings.clear()
+    assert Config.load({}).bucket_bytes == 25 << 20 and warnings.text == ""
+
+
+def test_one_bucket_size_setting() -> None:
+    sizes = [o.env for o in OPTIONS if "BUCKET" in o.env]
+    assert sizes == ["HVDLITE_BUCKET_BYTES"]
+    assert [o.deprecated for o in OPTIONS if o.deprecated] == [("HVDLITE_GPU_BUCKET_BYTES",)]

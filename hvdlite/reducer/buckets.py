@@ -1,0 +1,272 @@
+"""The reducer: gradients in flat buckets, each bucket reduced in place by one request.
+
+The buckets are laid out from the parameters' specs (``layout``), agreed by one
+exchange that also checks every rank trains the same parameters, and made once,
+through the framework's adapter, on the parameters' devices. A binding then tells
+the reducer two things:
+
+- torch (hooks): a parameter's gradient is in its view of the bucket (``ready``),
+  counting backward passes (``backward_passes_per_step``); a bucket whose last
+  gradient is ready starts at once, while backward goes on; ``start_the_rest`` and
+  ``wait`` at ``synchronize()``;
+- TensorFlow and Keras (lists): ``reduce(gradients)`` packs them into the buckets,
+  reduces, and unpacks them.
+
+Each bucket's request is prepared once (``hvdlite.api.prepared``) and agreed by the
+engine's response cache with one bit, so a step costs one submission per bucket;
+with compression, a compressed copy of the bucket travels instead. A gradient
+reduced elsewhere (a sparse one, by allgather) is evicted from its bucket, which
+is then reduced in the pieces around it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NoReturn, Optional, Sequence
+
+from hvdlite.api import collectives, runtime, submission
+from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.prepared import PreparedAllreduce
+from hvdlite.api.variable_check import check_same_variables
+from hvdlite.core.requests import Kind, to_dtype
+from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.reducer import layout
+from hvdlite.reducer.settings import Settings
+
+Spec = tuple[str, tuple[int, ...], str, str]     # (name, shape, dtype name, device)
+_FAILED = object()       # a piece's handle after this rank failed it (see Reducer.fail)
+
+
+class Bucket:
+    """One flat buffer, the gradients viewing it, and this step's reduction."""
+
+    def __init__(self, index: int, members: list[int], specs: Sequence[Spec], what: str,
+                 buffers: Optional[TensorAdapter]) -> None:
+        """``buffers``: the adapter that makes the flat buffer (None: no buffer, for a
+        set of one rank, which reduces nothing)."""
+        self.members = members
+        self.names = [specs[i][0] for i in members]
+        # Named by its parameters, named alike on every rank and unlike in another
+        # optimizer (a GAN's two): the engine caches its request under this name.
+        self.name = f"{what}.bucket.{index}.{self.names[0]}..{self.names[-1]}"
+        self.shapes = [specs[i][1] for i in members]
+        counts = [math.prod(shape) for shape in self.shapes]
+        self.offsets = [sum(counts[:slot]) for slot in range(len(counts))]
+        self.counts = counts
+        dtype, device = specs[members[0]][2:]
+        self.flat = None if buffers is None else buffers.flat_buffer(dtype, device, sum(counts))
+        self.views = [None if buffers is None else buffers.view(self.flat, offset, shape)
+                      for offset, shape in zip(self.offsets, self.shapes)]
+        self.evicted: set[int] = set()       # slots reduced elsewhere
+        self._pieces: Optional[list[list[Any]]] = None   # [name, flat piece, prepared]
+        self.waiting = len(members)          # gradients not ready yet this step
+        self.inflight: Optional[list[tuple[Any, Any, Any, Any]]] = None   # started
+
+    def pieces(self) -> list[list[Any]]:
+        """[name, piece of the flat buffer, its prepared request or None]: the whole
+        buffer, or the runs of slots between evicted ones."""
+        if self._pieces is None:
+            if not self.evicted:
+                self._pieces = [[self.name, self.flat, None]]
+            else:
+                runs: list[list[int]] = []
+                for slot, (offset, count) in enumerate(zip(self.offsets, self.counts)):
+                    if slot in self.evicted:
+                        continue
+                    if runs and runs[-1][1] == offset:
+                        runs[-1][1] = offset + count
+                    else:
+                        runs.append([offset, offset + count])
+                self._pieces = [[f"{self.name}.part{k}", self.flat[start:stop], None]
+                                for k, (start, stop) in enumerate(runs)]
+        return self._pieces
+
+    def evict(self, slot: int) -> None:
+        if slot not in self.evicted:
+            self.evicted.add(slot)
+            self._pieces = None
+
+
+class Reducer:
+    """Every bucket of one optimizer (or one list of variables), and each step's state."""
+
+    def __init__(self, adapter: TensorAdapter, specs: Sequence[Spec], settings: Settings,
+                 position_of: Callable[[Any], Optional[int]] = lambda member: member) -> None:
+        """``specs``: one per parameter, in registration order; ``position_of``: the
+        position of a ``groups=`` member (a parameter), None for one not here."""
+        self.settings, self._adapter = settings, adapter
+        self.names = [spec[0] for spec in specs]
+        self._dtypes = [spec[2] for spec in specs]
+        self.alone = settings.alone()
+        if not self.alone:
+            # Named by the optimizer alone: the variables' names may differ between ranks
+            # (Keras numbers a model's layers per process: a model loaded on rank 0 has
+            # dense_2 where a fresh one has dense). The exchange blocks the calling thread,
+            # so two optimizers' exchanges never overlap under the same name.
+            agreed = check_same_variables([spec[:3] for spec in specs], settings.what,
+                                          settings.process_set, name=f"{settings.what}.layout")
+            # Requests are named by the set's first rank's names, alike on every rank.
+            specs = [(name, *spec[1:]) for name, spec in zip(agreed, specs)]
+        nbytes = [math.prod(shape) * to_dtype(dtype).itemsize for _, shape, dtype, _ in specs]
+        groups = layout.group_positions(len(specs), settings.groups, position_of)
+        plan = layout.plan(nbytes, [spec[2:] for spec in specs], runtime.config().bucket_bytes,
+                           groups)
+        buffers = None if self.alone else adapter.buffers
+        self.buckets = [Bucket(i, members, specs, settings.what, buffers)
+                        for i, members in enumerate(plan)]
+        self.slot_of = {position: (bucket, slot) for bucket in self.buckets
+                        for slot, position in enumerate(bucket.members)}
+        self._passes = [0] * len(specs)
+        self._started: list[Bucket] = []
+        if not self.alone:
+            # The exchange may have made the engine's host fusion buffer; buckets never
+            # pack into it, and resident it put the bucketed transformer's peak memory
+            # 1-2% above DDP's (BENCHMARKS.md). Whatever packs later makes a new one.
+            runtime.release_host_fusion_buffer()
+
+    # -- a framework that hands gradients over one by one (torch's hooks) ----------------------
+    def view(self, position: int) -> Any:
+        """The parameter's gradient in its bucket (None on a set of one rank)."""
+        bucket, slot = self.slot_of[position]
+        return bucket.views[slot]
+
+    def evict(self, position: int) -> None:
+        """This gradient is reduced elsewhere from now on (a sparse one): its bucket
+        is reduced without it. Every rank must evict it at the same step."""
+        bucket, slot = self.slot_of[position]
+        bucket.evict(slot)
+
+    def ready(self, position: int) -> bool:
+        """Count a backward pass of ``position``; True once it has them all this step.
+        A bucket whose last gradient is complete starts at once."""
+        bucket, _ = self.slot_of[position]
+        passes = self._passes[position] + 1
+        if passes > self.settings.passes or bucket.inflight is not None:
+            raise HvdliteError(
+                f"rank {runtime.rank()}: the gradient of '{self.names[position]}' was "
+                f"computed more than backward_passes_per_step={self.settings.passes} times "
+                "before step(). Raise backward_passes_per_step to accumulate gradients "
+                "locally, or call step() (or synchronize()) after each backward().")
+        self._passes[position] = passes
+        if passes < self.settings.passes:
+            return False
+        bucket.waiting -= 1
+        if bucket.waiting == 0:
+            self._start(bucket)
+        return True
+
+    def unready(self) -> list[int]:
+        """The positions whose bucket has not started (synchronize() hands them over as
+        they are: a missing gradient takes part as zeros, so every rank reduces every
+        bucket)."""
+        return [position for bucket in self.buckets if bucket.inflight is None
+                for position in bucket.members if self._passes[position] < self.settings.passes]
+
+    def start_the_rest(self) -> None:
+        for bucket in self.buckets:
+            if bucket.inflight is None:
+                self._start(bucket)
+
+    def fail(self, position: int, shape: tuple[int, ...], dtype: str) -> NoReturn:
+        """A gradient no longer fits the layout (its parameter changed): fail this rank,
+        and its bucket on every rank through negotiation (an error marker under each
+        of its requests' names), instead of a hang or a sum of mismatched memory."""
+        bucket, slot = self.slot_of[position]
+        error = UsageError(
+            f"rank {runtime.rank()}: the gradient of '{self.names[position]}' is "
+            f"{tuple(shape)} {dtype}, but its bucket was laid out for "
+            f"{tuple(bucket.shapes[slot])} {self._dtypes[position]}. Make the "
+            "DistributedOptimizer after changing the model's parameters (on every rank)")
+        for name, _, _ in bucket.pieces():
+            submission.Call(Kind.ALLREDUCE, name, self.settings.process_set).mark(error)
+        bucket.inflight = [(_FAILED, None, None, None)]
+        self._started.append(bucket)
+        raise error
+
+    @property
+    def pending(self) -> int:
+        """Gradients in buckets started and not waited for."""
+        return sum(len(b.members) - len(b.evicted) for b in self._started)
+
+    def zero(self) -> None:
+        """zero_grad(set_to_none=False): every bucket's gradients are zeros."""
+        for bucket in self.buckets:
+            if bucket.flat is not None:
+                bucket.flat[...] = 0
+
+    # -- a framework that hands every gradient over at once (TensorFlow, Keras) ---------------
+    def reduce(self, tensors: Sequence[Any]) -> list[Any]:
+        """The tensors (one per spec, in order) averaged across ranks: packed into the
+        buckets (one copy), reduced in place, unpacked (TensorFlow: one copy; torch:
+        views of the buckets, valid until the next call)."""
+        reduced = list(tensors)
+        if self.alone:
+            for bucket in self.buckets:
+                self._start(bucket)
+            self._started.clear()
+            return reduced
+        with submission.together(self.settings.what):
+            for bucket in self.buckets:
+                self._adapter.pack([tensors[i] for i in bucket.members], bucket.flat)
+                self._start(bucket)
+        errors = self.wait()
+        if errors:
+            raise errors[0]
+        for bucket in self.buckets:
+            for position, tensor in zip(bucket.members,
+                                        self._adapter.unpack(bucket.flat, bucket.shapes)):
+                reduced[position] = tensor
+        return reduced
+
+    # -- reductions -----------------------------------------------------------------------
+    def _start(self, bucket: Bucket) -> None:
+        bucket.inflight = []
+        self._started.append(bucket)
+        if self.alone:      # nothing to send; HVDLITE_REPORT learns what P ranks would
+            recorder = runtime.RUNTIME.recorder
+            if recorder is not None:
+                itemsize = to_dtype(self._dtypes[bucket.members[0]]).itemsize
+                recorder.unreduced(sum(bucket.counts) * itemsize)
+            return
+        op, prescale, postscale = self.settings.scaled_op()
+        compression = self.settings.compression
+        buffers = self._adapter.buffers
+        for piece in bucket.pieces():
+            name, flat, prepared = piece
+            wire, context = compression.compress(flat)
+            if wire is flat:
+                if prepared is None:
+                    prepared = piece[2] = PreparedAllreduce(
+                        buffers, flat, name, op, prescale, postscale, self.settings.process_set)
+                handle = prepared.submit()
+            else:        # a compressed copy of the bucket on the wire
+                handle = collectives.allreduce_async(
+                    buffers, wire, None, name, op, prescale, postscale,
+                    self.settings.process_set, inplace=True)
+            bucket.inflight.append((handle, flat, wire, context))
+
+    def wait(self) -> list[HvdliteError]:
+        """Wait for every started bucket (all of them, even after an error) and write
+        compressed results back; returns the errors, and leaves the next step a clean
+        start: nothing is left pending that no step would collect."""
+        errors: list[HvdliteError] = []
+        compression, buffers = self.settings.compression, self._adapter.buffers
+        try:
+            for bucket in self._started:
+                for handle, flat, wire, context in bucket.inflight or ():
+                    if handle is _FAILED:
+                        continue
+                    try:
+                        submission.synchronize(handle)
+                        if wire is not flat:
+                            buffers.pack([compression.decompress(wire, context)], flat)
+                    except HvdliteError as error:
+                        errors.append(error)
+        finally:
+            self.reset()
+        return errors
+
+    def reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.waiting, bucket.inflight = len(bucket.members), None
+        self._started = []
+        self._passes = [0] * len(self._passes)

@@ -1,0 +1,74 @@
+"""The list call: ``averager(gradients, variables) -> gradients``, for frameworks that
+hand every gradient over at once (a TensorFlow tape; a Keras optimizer's ``apply``,
+on the TensorFlow and the torch backend).
+
+Each distinct list of variables gets a ``Reducer`` of its own (its buckets, agreed
+once). Worker-local variables (Horovod's ``register_local_source`` and
+``register_local_var``) are left out of the reduction and of the check that the
+ranks train the same variables (a model-parallel shard may differ in shape between
+ranks); their gradients are divided by the set size unless ``scale_local`` is off,
+as Horovod's are. A rank outside the process set keeps its own gradients. What is
+the framework's own (missing and sparse gradients, graphs) is the subclass's.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+from hvdlite.api.adapter import TensorAdapter
+from hvdlite.errors import UsageError
+from hvdlite.reducer.buckets import Reducer, Spec
+from hvdlite.reducer.settings import Settings
+
+
+class GradientLists:
+    """One averager (a DistributedGradientTape, a Keras DistributedOptimizer)."""
+
+    def __init__(self, adapter: TensorAdapter, settings: Settings,
+                 scale_local: bool = True) -> None:
+        self.adapter, self.settings, self.scale_local = adapter, settings, scale_local
+        # By id; the dict keeps the variables alive, so their ids stay unique.
+        self.local: dict[int, Any] = {}
+        self._reducers: dict[Hashable, Reducer] = {}
+
+    @property
+    def groups(self) -> Any:
+        return self.settings.groups
+
+    def register_local(self, variable: Any) -> None:
+        self.local[id(variable)] = variable
+
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        grads = list(grads)
+        if len(grads) != len(variables):
+            raise UsageError(f"{self.settings.what}: {len(grads)} gradients for "
+                             f"{len(variables)} variables")
+        if self.settings.outside():
+            return grads
+        shared = [i for i, v in enumerate(variables) if id(v) not in self.local]
+        reduced = self.reduce_shared([grads[i] for i in shared], [variables[i] for i in shared])
+        for i, value in zip(shared, reduced):
+            grads[i] = value
+        scale = 1.0 / self.settings.set_size() if self.scale_local else 1.0
+        for i in sorted(set(range(len(grads))) - set(shared)):
+            if grads[i] is not None and scale != 1.0:
+                grads[i] = self.scaled(grads[i], scale)
+        return grads
+
+    def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        """The shared variables' gradients, averaged (the framework's part)."""
+        raise NotImplementedError
+
+    def scaled(self, grad: Any, scale: float) -> Any:
+        """A worker-local gradient times ``scale`` (Horovod's scale_local_gradients, so
+        a local and a shared variable of the same loss take steps of the same size)."""
+        return grad * scale
+
+    def reducer(self, specs: Sequence[Spec], variables: Sequence[Any]) -> Reducer:
+        """The reducer of this list of variables (made, and agreed, on first use)."""
+        key = tuple(specs)
+        reducer = self._reducers.get(key)
+        if reducer is None:
+            position = {id(v): i for i, v in enumerate(variables)}
+            reducer = self._reducers[key] = Reducer(self.adapter, specs, self.settings,
+                                                    lambda v: position.get(id(v)))
+        return reducer
