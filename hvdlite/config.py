@@ -76,6 +76,17 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def parse_backends(text: str) -> str:
+    """HVDLITE_BACKENDS: comma-separated ``device:name`` or ``name`` items, normalized
+    (the names are checked against the backend registry at init, not here)."""
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    for item in items:
+        device, _, name = item.rpartition(":")
+        if not name or ":" in device or item.startswith(":"):
+            raise ValueError(f"{item!r} is not a backend name or device:name")
+    return ",".join(items)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -157,6 +168,13 @@ class Config:
         "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
         "staging) or 'mpi' (copies through pinned host memory and the "
         "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
+    backends: str = _knob(
+        "", parse_backends,
+        "Backends asked first, by name, per device type, as torch's 'cpu:gloo,cuda:nccl': "
+        "'cpu:mine,cuda:nccl' asks 'mine' first for host tensors; a bare name, for every "
+        "device type it serves. The rest of each device's chain follows (registered "
+        "backends, then the built-in ones). init() raises UnknownBackendError on every rank "
+        "for a name not registered with hvdlite.backends.register_backend.")
     gpu_bucket_bytes: int = _knob(
         25 << 20, parse_bytes,
         "DistributedOptimizer hands GPU gradients to the engine in buckets of this many "
