@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from typing import Any, Callable, Mapping, Optional
 
 from hvdlite import horovod_env
@@ -77,13 +78,12 @@ def parse_positive_int(text: str) -> int:
 
 
 def parse_backends(text: str) -> str:
-    """HVDLITE_BACKENDS: comma-separated ``device:name`` or ``name`` items, normalized
-    (the names are checked against the backend registry at init, not here)."""
+    """HVDLITE_BACKENDS: comma-separated ``name`` or ``device:name`` (names are checked
+    against the backend registry at init)."""
     items = [item.strip().lower() for item in text.split(",") if item.strip()]
-    for item in items:
-        device, _, name = item.rpartition(":")
-        if not name or ":" in device or item.startswith(":"):
-            raise ValueError(f"{item!r} is not a backend name or device:name")
+    bad = [item for item in items if not re.fullmatch(r"([^:]+:)?[^:]+", item)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a backend name or device:name")
     return ",".join(items)
 
 

@@ -28,13 +28,15 @@ _NAME = re.compile(r"[a-z][a-z0-9_.-]*\Z")   # no ':' or ',': HVDLITE_BACKENDS s
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One registered backend. ``factory`` None: a built-in backend of a device plugin
-    that has not loaded yet (its name is already valid in HVDLITE_BACKENDS).
-    ``devices`` None: asked for every device type (its ``supports`` decides)."""
+    """One registered backend. ``devices`` None: asked for every device type (its
+    ``supports`` decides). ``plugin``: a built-in backend a device plugin brings when it
+    loads, declared here first so HVDLITE_BACKENDS may name it; its ``factory`` is None
+    until then."""
     name: str
     factory: Optional[BackendFactory]
     devices: Optional[frozenset[str]]
     builtin: bool = False
+    plugin: bool = False
 
     def serves(self, device_type: str) -> bool:
         return self.devices is None or device_type in self.devices
@@ -62,8 +64,8 @@ _ENTRIES: list[Entry] = [
     Entry("ring", _builtin("hvdlite.backends.ring", "RingBackend", "ring_chunk"),
           frozenset({"cpu"}), True),
     Entry("mpi", _builtin("hvdlite.backends.mpi", "MpiBackend"), frozenset({"cpu"}), True),
-    Entry("nccl", None, frozenset({"cuda"}), True),
-    Entry("staged", None, frozenset({"cuda"}), True),
+    Entry("nccl", None, frozenset({"cuda"}), True, plugin=True),
+    Entry("staged", None, frozenset({"cuda"}), True, plugin=True),
 ]
 
 
@@ -113,11 +115,12 @@ def _device_set(devices: Devices) -> Optional[frozenset[str]]:
 
 def _replace_declared(index: int, entry: Entry) -> None:
     """The same registration again is a no-op; a plugin's built-in backend fills in
-    its declared entry; anything else under a taken name is refused."""
+    its declared entry (again if the plugin is imported afresh); anything else under a
+    taken name is refused."""
     taken = _ENTRIES[index]
     if taken.factory is entry.factory and taken.devices == entry.devices:
         return
-    if taken.factory is None and taken.devices == entry.devices:
+    if taken.plugin and taken.devices == entry.devices:
         _ENTRIES[index] = dataclasses.replace(taken, factory=entry.factory)
         return
     raise UsageError(f"backend {taken.name!r} is already registered (for {taken.served()}); "

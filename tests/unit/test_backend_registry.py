@@ -155,12 +155,14 @@ def test_a_backend_registered_later_joins_at_configure_serving_every_open_set() 
 
 
 def test_a_device_plugin_fills_in_its_declared_backends() -> None:
-    nccl = _toy("nccl")
-    register_backend("nccl", nccl, "cuda")
-    entry = next(e for e in registry.entries() if e.name == "nccl")
-    assert entry.factory is nccl and entry.builtin
+    for nccl in (_toy("nccl"), _toy("nccl")):          # the plugin imported afresh: again
+        register_backend("nccl", nccl, "cuda")
+        entry = next(e for e in registry.entries() if e.name == "nccl")
+        assert entry.factory is nccl and entry.builtin
     assert [e.name for e in registry.entries()].index("nccl") > \
         [e.name for e in registry.entries()].index("mpi")      # its place kept
+    with pytest.raises(UsageError, match="'staged' is already registered"):
+        register_backend("staged", _toy("staged"), "cpu")     # not for another device
 
 
 def test_the_old_devices_route_registers_by_the_backends_name_for_every_device() -> None:
