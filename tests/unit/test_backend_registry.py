@@ -184,3 +184,24 @@ def test_the_setting_is_normalized(text: str, value: str) -> None:
 def test_the_setting_refuses_what_is_not_a_name_or_device_name(text: str) -> None:
     with pytest.raises(ConfigError, match="HVDLITE_BACKENDS"):
         Config.load({"HVDLITE_BACKENDS": text})
+
+
+@pytest.mark.parametrize("nccl_version,cuda_chain", [(21805, ["nccl", "staged"]),
+                                                     (None, ["staged"])])
+def test_the_cuda_plugin_fills_in_nccl_and_staged_where_they_were_declared(
+        monkeypatch: pytest.MonkeyPatch, load: Any, nccl_version: Any,
+        cuda_chain: list[str]) -> None:
+    """hvdlite/backends/gpu.py over the CuPy stand-in, loaded at the first cuda request:
+    its backends take their declared names (which HVDLITE_BACKENDS could name before);
+    without NCCL, only staging serves."""
+    from hvdlite.core import devices
+    gpu = load(nccl_version)
+    monkeypatch.setitem(devices._PLUGINS, "cuda", "hvdlite.backends.gpu")
+    chain = _chain(backends="cuda:nccl")
+    assert chain.chain_for("cuda") == []                   # not loaded yet
+    assert _picked(chain, device="cuda:0") == cuda_chain[0]
+    assert [b.name for b in chain.chain_for("cuda")] == cuda_chain
+    assert next(e for e in registry.entries() if e.name == "staged").factory is \
+        gpu.staged.StagedBackend
+    chain.configure(Config.load({}, gpu_allreduce="mpi"))
+    assert _picked(chain, device="cuda:0") == "staged"
