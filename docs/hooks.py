@@ -46,6 +46,7 @@ def describe_type(parse: Callable[[str], Any]) -> str:
         config.parse_nonneg_float: "number ≥ 0",
         config.parse_nonneg_int: "integer ≥ 0",
         config.parse_positive_int: "integer ≥ 1",
+        config.parse_backends: "list of `device:name` or `name`",
         str: "text",
     }
     if parse in known:

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from typing import Any, Callable, Mapping, Optional
 
 from hvdlite import horovod_env
@@ -77,6 +78,16 @@ def parse_positive_int(text: str) -> int:
     if value < 1:
         raise ValueError("must be >= 1")
     return value
+
+
+def parse_backends(text: str) -> str:
+    """HVDLITE_BACKENDS: comma-separated ``name`` or ``device:name`` (names are checked
+    against the backend registry at init)."""
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if not re.fullmatch(r"([^:]+:)?[^:]+", item)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a backend name or device:name")
+    return ",".join(items)
 
 
 def _choice(*allowed: str) -> Callable[[str], str]:
@@ -161,6 +172,13 @@ class Config:
         "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
         "staging) or 'mpi' (copies through pinned host memory and the "
         "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
+    backends: str = _knob(
+        "", parse_backends,
+        "Backends asked first, by name, per device type, as torch's 'cpu:gloo,cuda:nccl': "
+        "'cpu:mine,cuda:nccl' asks 'mine' first for host tensors; a bare name, for every "
+        "device type it serves. The rest of each device's chain follows (registered "
+        "backends, then the built-in ones). init() raises UnknownBackendError on every rank "
+        "for a name not registered with hvdlite.backends.register_backend.")
     bucket_bytes: int = _knob(
         25 << 20, parse_bytes,
         "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "

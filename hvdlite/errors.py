@@ -48,6 +48,18 @@ class ConfigError(UsageError):
     """An HVDLITE_* variable or an argument has a value that cannot be used."""
 
 
+class UnknownBackendError(ConfigError):
+    """HVDLITE_BACKENDS (or ``before=``) names a backend that is not registered
+    (``hvdlite.backends.register_backend``); ``init()`` raises it on every rank."""
+
+    def __init__(self, name: str, registered: list[str], where: str = "HVDLITE_BACKENDS") -> None:
+        super().__init__(f"{where} names backend {name!r}, which is not registered; registered: "
+                         f"{', '.join(registered)}. Register it on every rank with "
+                         "hvdlite.backends.register_backend(name, factory, devices) before "
+                         "hvdlite.init().")
+        self.name, self.registered = name, list(registered)
+
+
 class MismatchError(HvdliteError):
     """Ranks submitted the same tensor name with different parameters, or one
     rank's arguments were invalid (every rank raises this, naming that rank)."""

@@ -7,6 +7,7 @@ from typing import Any, Sequence, Union
 from hvdlite.api import objects, runtime
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.submission import Call, synchronize
+from hvdlite.backends import registry
 from hvdlite.core.set_agreement import RequestedSets, agree_on_sets
 from hvdlite.core.requests import Kind
 from hvdlite.errors import UsageError
@@ -101,6 +102,7 @@ def reconfigure(**settings: Any) -> None:
     the order of collectives: a negotiated request, so the engine never sees a
     setting change under a collective in flight. Collective: every rank calls it
     with the same settings (a MismatchError otherwise)."""
-    runtime.config().replace(**settings)      # validates the names before negotiating
+    changed = runtime.config().replace(**settings)   # validates before negotiating
+    registry.check(changed.backends)     # an unregistered backend fails here, on every rank
     call = Call(Kind.RECONFIGURE, None, None)
     synchronize(call.submit(None, settings=tuple(sorted(settings.items()))))

@@ -1,8 +1,12 @@
 """The chain of backends: the first that supports a request runs it.
 
-GPU backends (registered by a device plugin in ``hvdlite.core.devices``)
-come first, the host backends after them, and MPI ends every chain
-(Horovod's operation manager; torch c10d's one ProcessGroup per backend).
+Each device type has its own chain, built from the backend registry
+(``hvdlite.backends.registry``, by name and device type, as torch c10d's):
+the backends HVDLITE_BACKENDS names for that device first, then every backend
+registered for it in the registry's order (registered ones ahead of the
+built-in ones). Among the built-in host backends HVDLITE_ALLREDUCE chooses;
+MPI accepts every host call, so it ends the host chain (Horovod's operation
+manager; torch c10d's one ProcessGroup per backend).
 """
 from __future__ import annotations
 
@@ -10,46 +14,83 @@ from typing import Any
 
 import numpy as np
 
-from hvdlite.backends.adasum import AdasumBackend
-from hvdlite.backends.mpi import MpiBackend
-from hvdlite.backends.ps import ParameterServerBackend
-from hvdlite.backends.ring import RingBackend
+from hvdlite.backends import registry
 from hvdlite.core import devices
 from hvdlite.reduce_op import ReduceOp
 
 _PICK_MEMO_SIZE = 4096   # distinct (kind, dtype, device, size, op) calls remembered
 
+# The built-in host backends each HVDLITE_ALLREDUCE value asks (adasum: only op=Adasum).
+_HOST = {"mpi": {"adasum", "mpi"}, "ps": {"adasum", "ps", "mpi"}}
+_HOST_DEFAULT = {"adasum", "ring", "mpi"}
+_HOST_BUILTIN = {"adasum", "ps", "ring", "mpi"}
+
 
 class BackendChain:
-    """Backends in order of preference, rebuilt by ``configure`` (HVDLITE_ALLREDUCE)."""
+    """Backends per device type, in order of preference; rebuilt by ``configure``.
+
+    The registry is read only there: at init, at a negotiated reconfiguration and when
+    a device plugin loads at a request's first run, points every rank passes in the
+    same order, so no rank picks a backend its peers do not (a backend registered
+    after init() joins at the next ``reconfigure``)."""
 
     def __init__(self, config: Any) -> None:
-        self._mpi = MpiBackend()
-        self._ring = RingBackend(config.ring_chunk)
-        self._adasum = AdasumBackend()
-        self._ps = ParameterServerBackend()
-        self._factories: list[Any] = []
-        self._extra: list[Any] = []
+        self._made: dict[str, Any] = {}        # name -> backend, each made once
         self._comms: dict[int, Any] = {}       # open sets, for backends that arrive later
-        self.backends: list[Any] = []
         self.configure(config)
 
     def configure(self, config: Any) -> None:
+        """Apply settings. An unregistered name in HVDLITE_BACKENDS raises
+        UnknownBackendError here: at init(), on every rank, before any collective."""
+        registry.check(config.backends)
         self._config = config
-        for backend in self._extra:
+        self._make_new()
+        for backend in self._made.values():
             if hasattr(backend, "configure"):
                 backend.configure(config)
-        self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
-        # Adasum runs only on its own backend, whatever HVDLITE_ALLREDUCE says.
-        host = {"mpi": [self._mpi], "ps": [self._ps, self._mpi]}.get(
-            config.allreduce, [self._ring, self._mpi])
-        host = [self._adasum] + host
-        self.backends = self._extra + host
+        ring = self._made.get("ring")
+        if ring is not None:
+            ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+        self._chains: dict[str, list[Any]] = {}
         self._picked: dict[tuple, Any] = {}
         self._picks: dict[tuple, Any] = {}
 
+    def _make_new(self) -> None:
+        """Backends registered since the last build, made and serving every open set;
+        those unregistered since, closed and dropped."""
+        current = {entry.name: entry for entry in registry.entries() if entry.factory}
+        for name in [n for n in self._made if n not in current]:
+            backend = self._made.pop(name)
+            for set_id in self._comms:
+                backend.close_set(set_id)
+        for name, entry in current.items():
+            if name not in self._made:
+                backend = self._made[name] = entry.factory(self._config)
+                for set_id, comm in self._comms.items():
+                    backend.open_set(set_id, comm)
+
+    def chain_for(self, device_type: str) -> list[Any]:
+        """The backends asked for ``device_type``, in order."""
+        chain = self._chains.get(device_type)
+        if chain is None:
+            host = _HOST.get(self._config.allreduce, _HOST_DEFAULT)
+            names = registry.preferred(self._config.backends, device_type)
+            names += [e.name for e in registry.entries() if e.serves(device_type)
+                      and e.name not in names
+                      and not (e.builtin and e.name in _HOST_BUILTIN and e.name not in host)]
+            chain = self._chains[device_type] = [self._made[n] for n in names if n in self._made]
+        return chain
+
+    @property
+    def backends(self) -> list[Any]:
+        return self.every_backend()
+
+    def backend(self, name: str) -> Any:
+        return self._made[name]
+
     def every_backend(self) -> list[Any]:
-        return self._extra + [self._adasum, self._ps, self._ring, self._mpi]
+        """Every backend made, in the registry's order."""
+        return [self._made[e.name] for e in registry.entries() if e.name in self._made]
 
     def _counting(self) -> list[Any]:
         return [b for b in self.every_backend() if hasattr(b, "traffic")]
@@ -82,22 +123,10 @@ class BackendChain:
         for backend in self.every_backend():
             backend.close_set(set_id)
 
-    def _refresh(self) -> None:
-        """Backends registered since (a device plugin loaded at its first request)
-        join the front of the chain and serve every open set."""
-        for factory in devices.backend_factories():
-            if factory not in self._factories:
-                self._factories.append(factory)
-                backend = factory(self._config)
-                self._extra.append(backend)
-                for set_id, comm in self._comms.items():
-                    backend.open_set(set_id, comm)
-        self.configure(self._config)
-
     def pick(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
              op: ReduceOp = ReduceOp.SUM) -> Any:
-        """The first backend in the chain that supports this call. Remembered per
-        call shape until the chain is reconfigured: steady-state training asks the
+        """The first backend in the device's chain that supports this call. Remembered
+        per call shape until the chain is reconfigured: steady-state training asks the
         same few questions every step, and each answer walks the chain."""
         key = (kind, dtype, device, nbytes, op)
         backend = self._picks.get(key)
@@ -110,14 +139,16 @@ class BackendChain:
 
     def _first_supporting(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                           op: ReduceOp) -> Any:
+        device_type = devices.device_type(device)
         for attempt in range(2):
-            for backend in self.backends:
+            for backend in self.chain_for(device_type):
                 if backend.supports(kind, dtype, device, nbytes, op):
                     return backend
-            if attempt == 0 and devices.load(devices.device_type(device)):
-                self._refresh()
+            # A device plugin registers its backends when it loads (first request).
+            if attempt == 0 and devices.load(device_type):
+                self.configure(self._config)
         raise LookupError(f"no backend supports {kind} ({op.name}) of {dtype} on {device}; the chain "
-                          f"is {[b.name for b in self.backends]}")
+                          f"is {[b.name for b in self.chain_for(device_type)]}")
 
     def reduction_dtype(self, dtype: np.dtype, device: str) -> np.dtype:
         key = (dtype, device)

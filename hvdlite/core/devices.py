@@ -6,7 +6,8 @@ The core never imports a GPU library. A device type other than "cpu" is
 served by a plugin module among the backends (``hvdlite.backends.gpu`` for
 "cuda"), loaded the first time a request names such a device; ``load`` reads
 its array namespace (NAMESPACE), stream hooks (prepare, fence) and backend
-classes (BACKENDS) and registers them here.
+classes (BACKENDS): the namespace and hooks are registered here, the backends in
+``hvdlite.backends.registry`` (by their ``name``, for that device type).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-BackendFactory = Callable[[Any], Any]   # Config -> Backend
+from hvdlite.backends import registry
+from hvdlite.backends.registry import BackendFactory
 
 # Modules that serve a device type when first needed (they call register_device).
 _PLUGINS = {"cuda": "hvdlite.backends.gpu"}
@@ -38,7 +40,6 @@ class DeviceType:
 
 
 _TYPES: dict[str, DeviceType] = {"cpu": DeviceType(np)}
-_EXTRA_BACKENDS: list[BackendFactory] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ def load(kind: str) -> bool:
     plugin = importlib.import_module(name)     # it never imports the core back
     register_device(kind, DeviceType(plugin.NAMESPACE, plugin.prepare, plugin.fence))
     for factory in plugin.BACKENDS:
-        register_backend(factory)
+        registry.register_backend(factory.name, factory, kind)
     return True
 
 
@@ -85,15 +86,18 @@ def register_device(kind: str, description: DeviceType) -> None:
     _TYPES[kind] = description
 
 
-def register_backend(factory: BackendFactory) -> None:
-    """Put a backend ahead of the host backends in every backend chain (built now
-    or refreshed later): ``factory(config)`` builds it."""
-    if factory not in _EXTRA_BACKENDS:
-        _EXTRA_BACKENDS.append(factory)
+def register_backend(factory: BackendFactory, name: Optional[str] = None,
+                     devices: registry.Devices = None, before: Optional[str] = None) -> None:
+    """The earlier route, kept: ``hvdlite.backends.register_backend`` under the
+    factory's ``name`` (else its ``__name__``), asked for every device type unless
+    ``devices`` says which, ahead of the built-in backends."""
+    chosen = name or getattr(factory, "name", None) or getattr(factory, "__name__", "")
+    registry.register_backend(str(chosen).lower(), factory, devices, before=before)
 
 
 def backend_factories() -> list[BackendFactory]:
-    return list(_EXTRA_BACKENDS)
+    """The factories registered besides the built-in backends, in order of preference."""
+    return [e.factory for e in registry.entries() if not e.builtin and e.factory is not None]
 
 
 def ready_events(requests: Sequence[Optional[Any]]) -> list[Any]:

@@ -45,11 +45,18 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi3", "tests/mpi/test_scaling.py")]),
     # The device registry: its unit tests stand in a device, a stream backend and a plugin.
     "hvdlite/core/devices.py": (60, [
-        ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py"),
+        ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py "
+                 "tests/unit/test_backend_registry.py"),
         ("mpi2", "tests/mpi/test_allreduce.py")]),
     "hvdlite/core/chain.py": (60, [
-        ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py"),
-        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py")]),
+        ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py "
+                 "tests/unit/test_backend_registry.py"),
+        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py "
+                 "tests/mpi/test_registered_backend.py")]),
+    # The backend registry: names, devices, order; a backend from outside the package.
+    "hvdlite/backends/registry.py": (60, [
+        ("unit", "tests/unit/test_backend_registry.py tests/unit/test_chain.py"),
+        ("mpi2", "tests/mpi/test_registered_backend.py")]),
     # Plain threading code, fully exercised by its unit tests.
     "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     # rank 0's stall checks over the real coordinator, with a fake clock; the note for a

@@ -116,8 +116,8 @@ def test_a_plugins_backend_joins_the_front_and_serves_every_open_set(fake_device
 
 def test_traffic_totals_add_every_backend_and_count_estimates() -> None:
     chain = _chain()
-    chain.every_backend()[-1].traffic.add("allreduce", 12, 20)    # MPI: an estimate
-    chain._ring.traffic.add("allreduce", 4, 6)                    # the ring: exact
+    chain.backend("mpi").traffic.add("allreduce", 12, 20)    # MPI: an estimate
+    chain.backend("ring").traffic.add("allreduce", 4, 6)     # the ring: exact
     assert chain.traffic_totals() == (16, 26, 32)
     assert chain.traffic()["ring"]["kinds"]["allreduce"] == {"calls": 1, "sent": 4,
                                                              "received": 6}

@@ -95,7 +95,7 @@ def executor(device_registry: None) -> Iterator[tuple[Executor, list, list]]:
     run = Executor(Config.load({}), lambda request, result: completed.append((request, result)),
                    lambda: None)
     run.open_set(0, RecordingComm(2))
-    run.chain._refresh()
+    run.chain.configure(run.config)    # registered after the chain was built
     yield run, completed, prepared
 
 
