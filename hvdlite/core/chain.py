@@ -40,6 +40,7 @@ class BackendChain:
             if hasattr(backend, "configure"):
                 backend.configure(config)
         self._ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+        self._ring.chunk_bytes = max(64, config.ring_chunk)   # a reconfigure changes it too
         # Adasum runs only on its own backend, whatever HVDLITE_ALLREDUCE says.
         host = {"mpi": [self._mpi], "ps": [self._ps, self._mpi]}.get(
             config.allreduce, [self._ring, self._mpi])
