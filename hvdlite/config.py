@@ -175,7 +175,9 @@ class Config:
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
-        "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores.")
+        "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
+        "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
+        "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
     ring_chunk: int = _knob(
         256 << 10, parse_bytes,
         "Bytes per message in the ring; large segments are pipelined in chunks of "
@@ -305,6 +307,14 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 OPTIONS: tuple[Option, ...] = tuple(
     Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"])
     for f in dataclasses.fields(Config))
+
+
+def fields_set(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
+    """The fields the environment sets (through HVDLITE_* or a Horovod alias): the
+    user's own choices, which topology-aware defaults and autotune leave alone."""
+    environ = os.environ if environ is None else environ
+    return frozenset(option.field for option in OPTIONS
+                     if any(name in environ for name in (option.env, *option.aliases)))
 
 
 def _variable_set(option: Option, environ: Mapping[str, str]) -> Optional[str]:

@@ -69,11 +69,12 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         check_launch(MPI.COMM_WORLD.Get_size())
         engine = Engine(config, _resolve_comm(MPI, comm), process_sets)
         topology = engine.start()
-        RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
+        # The engine's settings: the loaded ones with the topology-aware defaults applied.
+        RUNTIME.config, RUNTIME.engine, RUNTIME.topology = engine.config, engine, topology
         RUNTIME.name_counters.clear()
         RUNTIME.outputs = OutputPool(config.output_pool)
         for hook in START_HOOKS:
-            hook(engine, config)
+            hook(engine, engine.config)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
