@@ -36,7 +36,7 @@ class Runtime:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
     outputs: OutputPool = dataclasses.field(default_factory=lambda: OutputPool(0))
-    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT is set
+    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT or _AUTOTUNE is set
     gpu_sampler: Any = None   # its api.report.GpuSampler
 
 
@@ -138,6 +138,17 @@ def release_host_fusion_buffer() -> None:
     current = RUNTIME.engine
     if current is not None:
         current.executor.fusion.release_host()
+
+
+def step_done() -> None:
+    """Mark an optimizer step boundary, on every rank, after each update. hvdlite's
+    DistributedOptimizers (torch, and Keras on either backend) mark their own steps;
+    a loop without them (a hand-written allreduce of the gradients, TensorFlow's
+    DistributedGradientTape) calls this instead. HVDLITE_REPORT's per-step figures and
+    HVDLITE_AUTOTUNE's trials count these boundaries; without either it does nothing."""
+    recorder = RUNTIME.recorder
+    if recorder is not None:
+        recorder.step_done()
 
 
 def topology(what: str) -> "Topology":

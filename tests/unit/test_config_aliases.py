@@ -51,7 +51,9 @@ def test_dynamic_means_no_file_until_start_timeline(variable: str) -> None:
     assert Config.load({variable: "DYNAMIC"}).timeline_path == ""
 
 
-def test_only_the_timelines_take_horovods_names() -> None:
+def test_only_the_timelines_and_autotune_take_horovods_names() -> None:
     aliases = {option.env: option.aliases for option in OPTIONS if option.aliases}
     assert aliases == {"HVDLITE_TIMELINE": ("HOROVOD_TIMELINE",),
-                       "HVDLITE_TIMELINE_MARK_CYCLES": ("HOROVOD_TIMELINE_MARK_CYCLES",)}
+                       "HVDLITE_TIMELINE_MARK_CYCLES": ("HOROVOD_TIMELINE_MARK_CYCLES",),
+                       "HVDLITE_AUTOTUNE": ("HOROVOD_AUTOTUNE",),
+                       "HVDLITE_AUTOTUNE_LOG": ("HOROVOD_AUTOTUNE_LOG",)}
