@@ -26,10 +26,12 @@ choice; the report (HVDLITE_REPORT) shows the choice and why.
 from __future__ import annotations
 
 import csv
+import inspect
 import logging
 import os
 import statistics
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -47,8 +49,10 @@ from hvdlite.errors import OutputPathError
 _log = logging.getLogger("hvdlite")
 
 # Settings outside the engine that a binding applies itself when they change
-# (bucket_bytes: the torch optimizer's buckets), with the callbacks to tell it.
-FOLLOWERS: dict[str, list[Callable[[Any], None]]] = {}
+# (bucket_bytes: the torch optimizer's buckets), with the callbacks to tell it: a bound
+# method is held weakly (an optimizer that is dropped stops following), anything else
+# as given (wrapped so that both are called alike).
+FOLLOWERS: dict[str, list[Callable[[], Optional[Callable[[Any], None]]]]] = {}
 _TUNER: list["Tuner"] = []     # the running tuner, if any (a list: no global statement)
 
 
@@ -57,9 +61,26 @@ def follow(setting: str, callback: Callable[[Any], None]) -> Callable[[], None]:
     autotune changes ``setting`` (after the engine has it). A setting outside the
     engine is tried only while something follows it: the torch optimizer would
     register ``follow("bucket_bytes", ...)`` and lay its buckets out again at its
-    next synchronize. Returns a function that unregisters ``callback``."""
-    FOLLOWERS.setdefault(setting, []).append(callback)
-    return lambda: FOLLOWERS.get(setting, []).remove(callback)
+    next synchronize. A bound method is held weakly: its object may be dropped without
+    unregistering. Returns a function that unregisters ``callback``."""
+    reference: Callable[[], Optional[Callable[[Any], None]]]
+    if inspect.ismethod(callback):
+        reference = weakref.WeakMethod(callback)
+    else:
+        reference = lambda: callback      # noqa: E731
+    FOLLOWERS.setdefault(setting, []).append(reference)
+
+    def forget() -> None:
+        if reference in FOLLOWERS.get(setting, []):
+            FOLLOWERS[setting].remove(reference)
+    return forget
+
+
+def followers(setting: str) -> list[Callable[[Any], None]]:
+    """The live callbacks following ``setting`` (dropped objects' are let go)."""
+    live = [(reference, reference()) for reference in FOLLOWERS.get(setting, [])]
+    FOLLOWERS[setting] = [reference for reference, callback in live if callback is not None]
+    return [callback for _, callback in live if callback is not None]
 
 
 def tuner() -> Optional["Tuner"]:
@@ -134,6 +155,18 @@ class Tuner:
         self._apply(decision)
 
     def _decide(self, per_rank: list[float]) -> dict[str, Any]:
+        """Rank 0: what runs next. Whatever goes wrong here, the other ranks are waiting
+        in the broadcast: they get a decision to stop on the starting settings."""
+        try:
+            return self._next(per_rank)
+        except Exception as exc:    # a bug in the search: stop tuning, never hang a rank
+            _log.error("HVDLITE_AUTOTUNE failed on rank 0 (a bug, please report it); the "
+                       "starting settings stay: %r", exc)
+            start = self.trials[0]["settings"] if self.trials else self.settings
+            return {"trial": None, "settings": dict(start), "steps": self._steps,
+                    "done": True, "reason": f"autotune failed ({exc!r}): starting settings kept"}
+
+    def _next(self, per_rank: list[float]) -> dict[str, Any]:
         """Rank 0: score the trial by its slowest rank, and what runs next."""
         found = self._search
         assert found is not None
@@ -146,14 +179,15 @@ class Tuner:
                 "done": found.done, "reason": found.reason}
 
     def _apply(self, decision: dict[str, Any]) -> None:
-        self.trials.append(decision["trial"])
-        if self._log is not None:
-            self._log.trial(decision["trial"])
+        if decision["trial"] is not None:
+            self.trials.append(decision["trial"])
+            if self._log is not None:
+                self._log.trial(decision["trial"])
         changes = {k: v for k, v in decision["settings"].items() if self.settings.get(k) != v}
         if changes:
             reconfigure(**changes)
             for name, value in changes.items():
-                for callback in list(FOLLOWERS.get(name, ())):
+                for callback in followers(name):
                     callback(value)
         self.settings, self._steps = dict(decision["settings"]), decision["steps"]
         if decision["done"]:
@@ -179,7 +213,7 @@ class Tuner:
         observed = search.Observed(classes, tensors1 - tensors0 > reductions1 - reductions0)
         if self._planner is not None:
             return list(self._planner(observed))
-        followed = {name for name, callbacks in FOLLOWERS.items() if callbacks}
+        followed = {name for name in list(FOLLOWERS) if followers(name)}
         return search.plan(self._config, self.fixed, observed, followed)
 
     # -- what the report shows ------------------------------------------------------------

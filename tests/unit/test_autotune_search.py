@@ -193,3 +193,39 @@ def test_the_autotune_log_is_checked_at_init_only_while_autotune_runs(tmp_path: 
     assert outputs.problems(off) == []
     good = SimpleNamespace(**{**vars(on), "autotune_log": str(tmp_path / "log.csv")})
     assert outputs.problems(good) == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_dropped_follower_stops_following(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An optimizer following bucket_bytes through a bound method may be dropped without
+    unregistering: autotune then stops trying bucket sizes for it."""
+    from hvdlite.api import autotune as api
+    monkeypatch.setattr(api, "FOLLOWERS", {})
+    seen: list[int] = []
+
+    class Optimizer:
+        def rebucket(self, value: int) -> None:
+            seen.append(value)
+
+    optimizer = Optimizer()
+    api.follow("bucket_bytes", optimizer.rebucket)
+    forget = api.follow("cycle_time", lambda value: seen.append(value))
+    for callback in api.followers("bucket_bytes") + api.followers("cycle_time"):
+        callback(7)
+    assert seen == [7, 7]
+    del optimizer
+    assert api.followers("bucket_bytes") == [] and len(api.followers("cycle_time")) == 1
+    forget()
+    assert api.followers("cycle_time") == []
+
+
+def test_a_failing_search_ends_tuning_on_the_starting_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0's decision is what the other ranks wait for in a broadcast: a search
+    that raises must still send one (stop, starting settings), never leave them."""
+    from hvdlite.api import autotune as api
+    config = Config.load({}, autotune_warmup_steps=1, autotune_steps_per_sample=1)
+    tuner = api.Tuner(config, 0, fixed=set(), planner=lambda observed: 1 / 0)
+    decision = tuner._decide([0.5, 0.6])
+    assert decision["done"] and decision["trial"] is None
+    assert decision["settings"] == autotune.starting_settings(config)
+    assert decision["reason"].startswith("autotune failed (ZeroDivisionError")
