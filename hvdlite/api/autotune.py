@@ -185,7 +185,9 @@ class Tuner:
                 self._log.trial(decision["trial"])
         changes = {k: v for k, v in decision["settings"].items() if self.settings.get(k) != v}
         if changes:
-            reconfigure(**changes)
+            # Named: a Keras step on TensorFlow marks its boundary from a py_function, on
+            # a pool thread whose name differs between ranks (unnamed ops pair by thread).
+            reconfigure(name="hvdlite.autotune.reconfigure", **changes)
             for name, value in changes.items():
                 for callback in followers(name):
                     callback(value)
