@@ -267,9 +267,9 @@ def plan(config: Any, fixed: set[str], observed: Observed,
     return [k for k in knobs if k.name not in fixed]
 
 
-def starting_settings(config: Any, knobs: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def starting_settings(config: Any) -> dict[str, Any]:
     """The values of every setting autotune may change, as they stand."""
-    return {name: getattr(config, name) for name in (knobs or TUNED)}
+    return {name: getattr(config, name) for name in TUNED}
 
 
 def report_lines(record: Optional[Mapping[str, Any]]) -> list[str]:

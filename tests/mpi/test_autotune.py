@@ -8,18 +8,15 @@ its settings switch between the ring and MPI's Allreduce, fused and not.
 Size-agnostic (-n 2, -n 4); expected values never depend on real timings."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import pytest
 
 import hvdlite as hvd
 from hvdlite.api import autotune, runtime
 from hvdlite.api.control import reconfigure
-from hvdlite.core.autotune import Knob, Observed
+from hvdlite.core.autotune import TUNED, Knob, Observed
 from hvdlite.core.defaults import NO_RING
-
-TUNED = ("ring_threshold", "ring_chunk", "fusion_threshold", "direct_threshold",
-         "spin_time", "cycle_time", "bucket_bytes")
 
 
 @pytest.fixture
