@@ -14,9 +14,10 @@ from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, 
                                  nccl_built, rocm_built, start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.report import traffic
+from hvdlite.api import autotune as _autotune   # noqa: F401  HVDLITE_AUTOTUNE's start hook
 from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
                                  local_device, local_rank, local_size, mpi_threads_supported,
-                                 rank, shutdown, size)
+                                 rank, shutdown, size, step_done)
 from hvdlite.api.compression import Compression
 from hvdlite.errors import (CollectiveFailedError, ConfigError, DeadlockError,
                             DuplicateNameError, HorovodInternalError, HostsUpdatedError,
@@ -40,6 +41,7 @@ COMMON_NAMES = (
     "cross_rank", "cross_size", "is_homogeneous", "local_device", "mpi_threads_supported",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "broadcast_object", "allgather_object", "start_timeline", "stop_timeline", "traffic",
+    "step_done",
     "mpi_built", "mpi_enabled", "nccl_built", "gloo_built", "gloo_enabled", "ccl_built",
     "cuda_built", "rocm_built", "ddl_built",
     "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "GroupHandle",

@@ -199,7 +199,9 @@ class Config:
     ring_threshold: int = _knob(
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
-        "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores.")
+        "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
+        "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
+        "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
     ring_chunk: int = _knob(
         256 << 10, parse_bytes,
         "Bytes per message in the ring; large segments are pipelined in chunks of "
@@ -246,7 +248,8 @@ class Config:
     output_check: str = _knob(
         "error", _choice("error", "warn"),
         "What init() does when an output hvdlite will write (the HVDLITE_REPORT "
-        "directory, the HVDLITE_TIMELINE file, HVDLITE_ELASTIC_DIR) cannot be written "
+        "directory, the HVDLITE_TIMELINE file, HVDLITE_ELASTIC_DIR, the "
+        "HVDLITE_AUTOTUNE_LOG file) cannot be written "
         "by rank 0: 'error' raises OutputPathError on every rank before any training; "
         "'warn' logs it and goes on (that output then fails when it is written).")
     log_level: str = _knob(
@@ -298,6 +301,33 @@ class Config:
         "another user or is group- or world-writable (refused by default, as ssh refuses "
         "such keys: whoever can write there could make every rank run their code).")
 
+    autotune: bool = _knob(
+        False, parse_bool,
+        "Measure instead of trusting defaults: during the first steps of training every "
+        "rank runs the same candidate settings (the size from which the ring replaces "
+        "MPI's Allreduce, the ring's chunk, the engine's spin and cycle times, the fusion "
+        "and direct thresholds where tensors are packed), a few optimizer steps each, "
+        "scores each by the slowest rank's median step time, and keeps the fastest; "
+        "rank 0 decides and every rank switches at the same step boundary. Settings "
+        "given explicitly are not tuned. Step boundaries come from the DistributedOptimizer "
+        "(torch, Keras) or hvd.step_done().",
+        aliases=("HOROVOD_AUTOTUNE",))
+    autotune_log: str = _knob(
+        "", str,
+        "With HVDLITE_AUTOTUNE, the CSV file rank 0 writes every trial to (its settings, "
+        "steps and step time per rank) and, last, the choice and why. Checked at init() "
+        "like the other outputs. Empty: no log (the report still shows the choice).",
+        aliases=("HOROVOD_AUTOTUNE_LOG",))
+    autotune_warmup_steps: int = _knob(
+        3, parse_nonneg_int,
+        "With HVDLITE_AUTOTUNE, optimizer steps before the first trial: the first steps "
+        "build the gradient buckets and fault in buffers, and are slower than the rest.")
+    autotune_steps_per_sample: int = _knob(
+        5, parse_positive_int,
+        "With HVDLITE_AUTOTUNE, the fewest optimizer steps timed per trial (after one "
+        "untimed step following each switch); more when steps are short, so that a trial "
+        "lasts at least 0.25 s (decided once, on rank 0, from the warm-up steps).")
+
     @property
     def timeline_path(self) -> str:
         """The file rank 0 writes the timeline to from init() on ('' for none): the
@@ -342,6 +372,15 @@ OPTIONS: tuple[Option, ...] = tuple(
     for f in dataclasses.fields(Config))
 # Horovod's variables that set an hvdlite knob (the other HOROVOD_* are ignored, with a warning).
 HOROVOD_ALIASES = frozenset(name for option in OPTIONS for name in option.aliases)
+
+
+def fields_set(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
+    """The fields the environment sets (through HVDLITE_*, a Horovod alias or an old
+    name): the user's own choices, which topology-aware defaults and autotune leave
+    alone."""
+    environ = os.environ if environ is None else environ
+    return frozenset(option.field for option in OPTIONS if any(
+        name in environ for name in (option.env, *option.aliases, *option.deprecated)))
 
 
 def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:

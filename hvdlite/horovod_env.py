@@ -72,8 +72,14 @@ def _log_level(text: str) -> str:
     return _LOG_LEVELS.get(lowered, lowered)
 
 
+def _switch(text: str) -> str:
+    """Horovod's on/off switch (strtol: above 0 is on) as hvdlite's boolean."""
+    return "1" if _on(text) else "0"
+
+
 CONVERSIONS: dict[str, Callable[[str], Optional[str]]] = {
     "HOROVOD_STALL_CHECK_DISABLE": _stall_check_disable,
+    "HOROVOD_AUTOTUNE": _switch,
     "HOROVOD_LOG_LEVEL": _log_level,
 }
 
@@ -93,8 +99,8 @@ class Ignored:
     quiet: Callable[[str], bool] = _never
 
 
-_NO_AUTOTUNE = Ignored("hvdlite does not autotune; set HVDLITE_FUSION_THRESHOLD and "
-                       "HVDLITE_CYCLE_TIME")
+_NOT_BAYESIAN = Ignored("hvdlite's autotune (HOROVOD_AUTOTUNE) searches one setting at a "
+                        "time, not by Bayesian optimisation: nothing to set")
 _GPU_BUILD = Ignored("a setting of Horovod's build; hvdlite chooses how GPU tensors move "
                      "at run time, with HVDLITE_GPU_ALLREDUCE")
 _NO_GLOO = Ignored("hvdlite has no Gloo: it runs on MPI")
@@ -107,12 +113,14 @@ IGNORED: dict[str, Ignored] = {
     "HOROVOD_HIERARCHICAL_ALLGATHER": Ignored("hvdlite has no hierarchical allgather", _off),
     "HOROVOD_TORUS_ALLREDUCE": Ignored(
         "hvdlite has no torus allreduce; HVDLITE_ALLREDUCE chooses the algorithm", _off),
-    "HOROVOD_AUTOTUNE": Ignored(_NO_AUTOTUNE.why, _off),
-    "HOROVOD_AUTOTUNE_LOG": _NO_AUTOTUNE,
-    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _NO_AUTOTUNE,
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _NO_AUTOTUNE,
-    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _NO_AUTOTUNE,
-    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _NO_AUTOTUNE,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": Ignored(
+        "Horovod discards whole samples; hvdlite's warm-up is counted in optimizer steps: "
+        "set HVDLITE_AUTOTUNE_WARMUP_STEPS"),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": Ignored(
+        "Horovod counts engine cycles per sample; hvdlite times optimizer steps: set "
+        "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE"),
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _NOT_BAYESIAN,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _NOT_BAYESIAN,
     "HOROVOD_CPU_OPERATIONS": Ignored(
         "hvdlite's CPU collectives always run on MPI (HVDLITE_ALLREDUCE chooses the "
         "algorithm)", _is_mpi),

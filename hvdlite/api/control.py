@@ -2,7 +2,7 @@
 removing process sets, and negotiated reconfiguration."""
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from hvdlite.api import objects, runtime
 from hvdlite.api.process_set import ProcessSet, global_process_set
@@ -97,12 +97,15 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return bool(removed)
 
 
-def reconfigure(**settings: Any) -> None:
+def reconfigure(*, name: Optional[str] = None, **settings: Any) -> None:
     """Change settings (e.g. ``allreduce="ring"``) on every rank at the same point in
     the order of collectives: a negotiated request, so the engine never sees a
     setting change under a collective in flight. Collective: every rank calls it
-    with the same settings (a MismatchError otherwise)."""
+    with the same settings (a MismatchError otherwise). ``name`` names the request,
+    as any collective's: unnamed ones are numbered per thread, so a caller on a thread
+    named differently on each rank (TensorFlow runs a ``py_function`` on pool threads)
+    must name it."""
     changed = runtime.config().replace(**settings)   # validates before negotiating
     registry.check(changed.backends)     # an unregistered backend fails here, on every rank
-    call = Call(Kind.RECONFIGURE, None, None)
+    call = Call(Kind.RECONFIGURE, name, None)
     synchronize(call.submit(None, settings=tuple(sorted(settings.items()))))

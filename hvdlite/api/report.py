@@ -123,7 +123,17 @@ def local_record(recorder: StepRecorder, gpu: GpuSampler) -> dict[str, Any]:
             "other_calls": recorder.other_calls, "total_bytes_sent": sent,
             "total_bytes_received": received, "rss_peak_bytes": int(rss),
             "gpu_mem_peak_bytes": gpu.mem_peak, "gpu_util": gpu.util(), "gpu_note": gpu.note,
-            "elastic": ledger.snapshot(runtime.engine().config)}
+            "elastic": ledger.snapshot(runtime.engine().config),
+            "settings": _settings_record()}
+
+
+def _settings_record() -> dict[str, Any]:
+    """How the settings were chosen: the topology-aware defaults applied at init, and
+    HVDLITE_AUTOTUNE's trials and choice (every rank holds rank 0's decisions)."""
+    from hvdlite.api import autotune    # (it imports this module)
+    current = autotune.tuner()
+    return {"defaults": list(runtime.engine().defaults_chosen),
+            "autotune": None if current is None else current.summary()}
 
 
 def finish(recorder: StepRecorder, gpu: GpuSampler, directory: str) -> None:
@@ -174,7 +184,9 @@ def _before_shutdown() -> None:
     like the shutdown itself, so only while the engine still works."""
     current = runtime.RUNTIME
     recorder, current.recorder = current.recorder, None
-    if recorder is not None and current.engine is not None and current.engine.dead is None:
+    # A recorder without a report: HVDLITE_AUTOTUNE's, for the step boundaries only.
+    if (recorder is not None and current.config.report and current.engine is not None
+            and current.engine.dead is None):
         finish(recorder, current.gpu_sampler, current.config.report)
 
 

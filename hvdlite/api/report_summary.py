@@ -22,6 +22,7 @@ import statistics
 from typing import Any, Optional, Sequence
 
 from hvdlite.api import scaling_model
+from hvdlite.core import autotune
 from hvdlite.elastic import ledger
 from hvdlite.errors import ConfigError
 
@@ -46,6 +47,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ranks = [_derive(dict(r)) for r in sorted(records, key=lambda r: r["rank"])]
     # Every rank counts the same commits (they agree on each write): rank 0's stands.
     elastic = [r.pop("elastic", None) for r in ranks]
+    settings = [r.pop("settings", None) for r in ranks]     # rank 0 decided them for all
     _attribute_waiting(ranks)
     measured = [r for r in ranks if r["steps"]]
     gaps = straggler_gaps(measured)
@@ -59,6 +61,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "straggler_gap_s": {str(rank): gaps[rank] for rank in stragglers},
         "straggler_rule": STRAGGLER_RULE, "comm_share": comm_share, "memory": memory,
         "elastic": elastic[0] if elastic else None,
+        "settings": settings[0] if settings else None,
     }
     summary["verdict"] = verdict(summary, gaps)
     summary["forecast"] = forecast(summary)
@@ -210,6 +213,7 @@ def _findings(summary: dict[str, Any]) -> list[str]:
                      "chooses, count what a bandwidth-optimal algorithm moves)")
     if summary.get("elastic"):
         lines.append(ledger.describe(summary["elastic"]))
+    lines += autotune.report_lines(summary.get("settings"))
     lines.append(_forecast_line(summary.get("forecast") or {}))
     lines.append(f"verdict: {summary['verdict']}")
     return lines

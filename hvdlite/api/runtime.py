@@ -36,7 +36,7 @@ class Runtime:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     atexit_registered: bool = False
     outputs: OutputPool = dataclasses.field(default_factory=lambda: OutputPool(0))
-    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT is set
+    recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT or _AUTOTUNE is set
     gpu_sampler: Any = None   # its api.report.GpuSampler
 
 
@@ -69,11 +69,12 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         check_launch(MPI.COMM_WORLD.Get_size())
         engine = Engine(config, _resolve_comm(MPI, comm), process_sets)
         topology = engine.start()
-        RUNTIME.config, RUNTIME.engine, RUNTIME.topology = config, engine, topology
+        # The engine's settings: the loaded ones with the topology-aware defaults applied.
+        RUNTIME.config, RUNTIME.engine, RUNTIME.topology = engine.config, engine, topology
         RUNTIME.name_counters.clear()
         RUNTIME.outputs = OutputPool(config.output_pool)
         for hook in START_HOOKS:
-            hook(engine, config)
+            hook(engine, engine.config)
         if config.abort_on_error:
             failure.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
@@ -137,6 +138,17 @@ def release_host_fusion_buffer() -> None:
     current = RUNTIME.engine
     if current is not None:
         current.executor.fusion.release_host()
+
+
+def step_done() -> None:
+    """Mark an optimizer step boundary, on every rank, after each update. hvdlite's
+    DistributedOptimizers (torch, and Keras on either backend) mark their own steps;
+    a loop without them (a hand-written allreduce of the gradients, TensorFlow's
+    DistributedGradientTape) calls this instead. HVDLITE_REPORT's per-step figures and
+    HVDLITE_AUTOTUNE's trials count these boundaries; without either it does nothing."""
+    recorder = RUNTIME.recorder
+    if recorder is not None:
+        recorder.step_done()
 
 
 def topology(what: str) -> "Topology":

@@ -22,6 +22,7 @@ from hvdlite.bench.floor import handoff_floor, lone_median, negotiated_floor
 from hvdlite.bench.timing import seconds_per_call
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
+from hvdlite.core.defaults import describe_bytes
 from hvdlite.core.mpi_library import library_from_version
 
 
@@ -215,7 +216,7 @@ def main(argv: Sequence[str]) -> None:
     say(f"hvdlite {hvd.__version__} allreduce benchmark: {hvd.size()} ranks, "
         f"{library_from_version(MPI.Get_library_version()).version}, fusion threshold "
         f"{runtime.config().fusion_threshold >> 20} MiB, ring from "
-        f"{runtime.config().ring_threshold >> 10} KiB in auto")
+        f"{describe_bytes(runtime.config().ring_threshold)} in auto")
     sizes = [4 << 10 << (2 * i) for i in range(20) if (4 << 10 << (2 * i)) <= args.max_mib << 20]
     if args.only == "all":
         _size_table(comm, sizes, args.seconds)

@@ -35,6 +35,7 @@ class Method:
 class Samples:
     values: list[float] = field(default_factory=list)
     others: dict[str, list[float]] = field(default_factory=dict)   # a result's other fields
+    texts: dict[str, list[str]] = field(default_factory=dict)      # ... those that are text
 
     @property
     def extra(self) -> dict[str, float]:
@@ -85,6 +86,8 @@ def interleaved(methods: Sequence[Method], np_: int, rounds: int, key: str,
             for name, value in result.items():
                 if name != key and isinstance(value, (int, float)):
                     samples[method.label].others.setdefault(name, []).append(float(value))
+                elif isinstance(value, str):
+                    samples[method.label].texts.setdefault(name, []).append(value)
             if progress is not None:
                 print(f"{progress} np={np_} round {round_ + 1}/{rounds} {method.label}: "
                       f"{samples[method.label].values[-1]:.1f} "

@@ -1,10 +1,13 @@
 """Training throughput: hvdlite's DistributedOptimizer (gradient buckets, and the
-per-gradient path for comparison) against torch DDP over gloo (with
+per-gradient path for comparison; with its defaults and with HVDLITE_AUTOTUNE)
+against torch DDP over gloo (with
 ``gradient_as_bucket_view=True``) and a hand-fused mpi4py loop (backward, one flat
 Allreduce, step), in one run; and the same loop with no exchange at all ("no_comm"):
 on a machine whose ranks fill every core, that ceiling bounds what any method can reach.
 
     python -m hvdlite.bench training          # runs np=1 and np=2 itself, prints the table
+    python -m hvdlite.bench training --np 2 4 --models transformer mlp \
+        --methods hvdlite autotune ddp_gloo hand_fused no_comm
 
 Each method and model runs in its own mpiexec launch, rounds interleave the
 methods, and the table gives medians with their spread (hvdlite/bench/launches.py).
@@ -15,7 +18,10 @@ for the hand-fused loop also the CPU its Allreduce takes, the bar the engine's C
 is held to.
 
 One thread per rank (torch.set_num_threads(1)). Samples/s counts the global
-batch (per-rank batch x ranks) over timed steps after warm-up.
+batch (per-rank batch x ranks) over timed steps after warm-up. ``autotune`` is
+hvdlite with HVDLITE_AUTOTUNE=1: it trains until the search has chosen (every rank
+learns that at the same step), then is timed like the others on what it chose;
+the table says what it chose in each launch and how many steps the search took.
 """
 from __future__ import annotations
 
@@ -31,9 +37,15 @@ from hvdlite.bench.models import BATCH, MODELS, build, loss
 from hvdlite.bench.threads import ThreadClock, peak_rss_mib
 from hvdlite.bench.timing import seconds_per_call
 
-METHODS = ("hvdlite", "hvdlite_per_grad", "ddp_gloo", "hand_fused", "no_comm")
-# hvdlite_per_grad: hvdlite with buckets off. no_comm: the same loop with no gradient
-# exchange at all (each rank trains alone): the ceiling that no method can pass here.
+METHODS = ("hvdlite", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused", "no_comm")
+# hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
+# timed after its search. no_comm: the same loop with no gradient exchange at all (each
+# rank trains alone): the ceiling that no method can pass here.
+# Ratios printed where both methods ran: (label, numerator, denominator).
+RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
+          ("autotune/defaults", "autotune", "hvdlite"), ("defaults/DDP", "hvdlite", "ddp_gloo"),
+          ("defaults/no-comm", "hvdlite", "no_comm"), ("autotune/no-comm", "autotune", "no_comm"),
+          ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"))
 WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "no_comm")
 WARMUP = 5
 
@@ -47,6 +59,9 @@ class Measured:
         self.calls = 0
         self.allreduce_cpu = 0.0
         self.average_cpu = 0.0      # the hand-fused loop's division by the size
+        self.tuning_steps = 0       # autotune: steps before its choice, and their time
+        self.tuning_s = 0.0
+        self.choice = ""            # autotune: the settings it changed
 
     def timed(self, step: Callable[[], None], seconds: float) -> float:
         """Steps per second on the slowest rank; the CPU clock runs over the timed calls."""
@@ -69,6 +84,9 @@ class Measured:
         result = {k: sum(r[k] for r in every) / len(every) for k in mine}
         result["samples_per_s"] = samples_per_s
         result["peak_rss_mib"] = max(self.comm.allgather(peak_rss_mib()))
+        if self.choice:
+            result.update(tuning_steps=self.tuning_steps, tuning_s=self.tuning_s,
+                          choice=self.choice)
         return result
 
 
@@ -126,13 +144,24 @@ def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
 def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
     import torch
     import hvdlite.torch as hvd
+    from hvdlite.api import autotune
     hvd.init()
     try:
         model, data = build(name)
         sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        return measured.timed(_loop(name, model, optimizer, data), seconds)
+        step = _loop(name, model, optimizer, data)
+        started = time.perf_counter()
+        while not autotune.finished():     # HVDLITE_AUTOTUNE: every rank stops at one step
+            step()
+            measured.tuning_steps += 1
+        measured.tuning_s = time.perf_counter() - started
+        current = autotune.tuner()
+        if current is not None:
+            from hvdlite.core.autotune import describe
+            measured.choice = describe(current.changes()) or "defaults"
+        return measured.timed(step, seconds)
     finally:
         hvd.shutdown()
 
@@ -155,14 +184,19 @@ def worker(argv: Sequence[str]) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
-def _methods(model: str, seconds: float, report_dir: Optional[str]) -> list[launches.Method]:
+def _methods(model: str, seconds: float, report_dir: Optional[str],
+             chosen: Sequence[str] = METHODS) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = ()) -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
                                        "--seconds", str(seconds)), env)
-    methods = [method("hvdlite", "hvdlite"),
-               method("hvdlite_per_grad", "hvdlite", (("HVDLITE_BUCKET_BYTES", "0"),)),
-               method("ddp_gloo", "ddp_gloo"), method("hand_fused", "hand_fused"),
-               method("no_comm", "no_comm")]
+    every = {"hvdlite": method("hvdlite", "hvdlite"),
+             "autotune": method("autotune", "hvdlite", (("HVDLITE_AUTOTUNE", "1"),)),
+             "hvdlite_per_grad": method("hvdlite_per_grad", "hvdlite",
+                                        (("HVDLITE_BUCKET_BYTES", "0"),)),
+             "ddp_gloo": method("ddp_gloo", "ddp_gloo"),
+             "hand_fused": method("hand_fused", "hand_fused"),
+             "no_comm": method("no_comm", "no_comm")}
+    methods = [every[name] for name in METHODS if name in chosen]
     if report_dir is not None:
         methods.append(method("hvdlite_report", "hvdlite", (("HVDLITE_REPORT", report_dir),)))
     return methods
@@ -173,6 +207,8 @@ def main(argv: Sequence[str]) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="which methods to launch (default: all)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved launches per method")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed loop per launch")
     parser.add_argument("--report-cost", action="store_true",
@@ -184,7 +220,7 @@ def main(argv: Sequence[str]) -> None:
         for np_ in args.np:
             for model in args.models:
                 rows.append((model, np_, launches.interleaved(
-                    _methods(model, args.seconds, report_dir), np_, args.rounds,
+                    _methods(model, args.seconds, report_dir, args.methods), np_, args.rounds,
                     "samples_per_s", progress=f"training {model}")))
     _print_table(rows, args.rounds)
 
@@ -194,19 +230,22 @@ def _print_table(rows: list, rounds: int) -> None:
           f"momentum). Each method in its own mpiexec launch, {rounds} interleaved "
           "rounds: median, and the min-max spread as % of the median; ratios are of "
           "medians, with the range of the per-round ratios.")
-    print(f"{'model':>11} {'np':>3} | " + " ".join(f"{m:>16}" for m in METHODS) +
-          f" | {'bucketed/DDP':>17} {'bucketed/fused':>17} {'per-grad/DDP':>17}"
-          f" {'DDP/no-comm':>17} {'bucketed/no-comm':>17}")
     for model, np_, samples in rows:
-        cells = " ".join(f"{samples[m].median:9.1f} {samples[m].spread():>5}" for m in METHODS)
-        print(f"{model:>11} {np_:>3} | {cells} | "
-              f"{launches.ratio(samples['hvdlite'], samples['ddp_gloo']):>17} "
-              f"{launches.ratio(samples['hvdlite'], samples['hand_fused']):>17} "
-              f"{launches.ratio(samples['hvdlite_per_grad'], samples['ddp_gloo']):>17} "
-              f"{launches.ratio(samples['ddp_gloo'], samples['no_comm']):>17} "
-              f"{launches.ratio(samples['hvdlite'], samples['no_comm']):>17}")
-        if "hvdlite_report" in samples:
-            print(f"{'':>15} | with HVDLITE_REPORT: {samples['hvdlite_report'].median:7.0f} "
+        methods = [m for m in METHODS if m in samples]
+        print(f"\n{model} np={np_}")
+        for m in methods:
+            print(f"  {m:>16}: {samples[m].median:9.1f} {samples[m].spread():>5}  "
+                  f"{[round(v, 1) for v in samples[m].values]}")
+        for label, a, b in RATIOS:
+            if a in samples and b in samples:
+                print(f"  {label:>18}: {launches.ratio(samples[a], samples[b])}")
+        if "autotune" in samples:
+            tuned = samples["autotune"]
+            print(f"  autotune chose, per launch: {tuned.texts.get('choice', [])}; search "
+                  f"{tuned.extra.get('tuning_steps', 0):.0f} steps, "
+                  f"{tuned.extra.get('tuning_s', 0.0):.1f} s (medians)")
+        if "hvdlite_report" in samples and "hvdlite" in samples:
+            print(f"  with HVDLITE_REPORT: {samples['hvdlite_report'].median:7.0f} "
                   f"{samples['hvdlite_report'].spread():>5}, "
                   f"{launches.ratio(samples['hvdlite_report'], samples['hvdlite'])} of hvdlite "
                   "without it (the cost of recording)")
@@ -214,7 +253,7 @@ def _print_table(rows: list, rounds: int) -> None:
           "medians over the rounds): training / engine / helpers; hand-fused: its Allreduce "
           "and its division by the size (in the training thread).")
     for model, np_, samples in rows:
-        for m in METHODS:
+        for m in [m for m in METHODS if m in samples]:
             extra = samples[m].extra
             cpu = " / ".join(f"{1000 * extra.get(f'cpu_{k}', 0.0):7.1f}"
                              for k in ("training", "engine", "helpers"))

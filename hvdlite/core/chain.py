@@ -51,6 +51,7 @@ class BackendChain:
         ring = self._made.get("ring")
         if ring is not None:
             ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+            ring.chunk_bytes = max(64, config.ring_chunk)   # a reconfigure changes it too
         self._chains: dict[str, list[Any]] = {}
         self._picked: dict[tuple, Any] = {}
         self._picks: dict[tuple, Any] = {}

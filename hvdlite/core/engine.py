@@ -27,7 +27,8 @@ from typing import Any, Optional, Sequence
 
 from mpi4py import MPI
 
-from hvdlite.core import deadlock, exit_guard, failure, liveness, outputs, stall, waiting
+from hvdlite.config import fields_set as config_fields_set
+from hvdlite.core import deadlock, defaults, exit_guard, failure, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
@@ -65,6 +66,7 @@ class Engine:
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
         self.dead: Optional[HvdliteError] = None   # why it stopped; set once
+        self.defaults_chosen: list[str] = []   # topology-aware defaults applied, and why
         self._shutdown_requested = False
         self._stall_messages: dict[int, str] = {}
         self._report_after = stall.report_after(config)   # read every round
@@ -177,6 +179,9 @@ class Engine:
         waiting.precise_sleeps()
         self.topology = detect(self._comm)
         unusable = outputs.agree(self._comm, self.config)   # before anything is started
+        self.config, self.defaults_chosen = defaults.agree(self._comm, self.config,
+                                                           config_fields_set())
+        self.executor.reconfigure(self.config)
         register_agreed_sets(self.registry, self._comm, self._initial_sets)
         self._liveness = liveness.Liveness(self._comm, self.config, self._lost)
         self._sentinel = self._liveness.sentinel

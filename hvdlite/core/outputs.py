@@ -1,7 +1,7 @@
 """Outputs checked at ``init()``, before the first step.
 
-Rank 0 writes the report at shutdown, the timeline from ``init()`` on and the
-elastic state at each commit. A path that cannot be written would otherwise be
+Rank 0 writes the report at shutdown, the timeline from ``init()`` on, the
+elastic state at each commit and the autotune log while autotune runs. A path that cannot be written would otherwise be
 found out only then: the report after the whole run (and lost), the timeline
 as a failed ``init()`` on rank 0 alone, which leaves the other ranks waiting
 for it. Looking is not enough (a dangling symbolic link passes ``stat`` of its
@@ -160,9 +160,10 @@ def _remove(path: str, remove: Any) -> None:
                      path, exc.strerror)
 
 
-def open_for_writing(path: str) -> int:
-    """``os.open`` of a regular file for writing, truncated (the timeline's file). A
-    FIFO, socket or device raises OutputPathError instead of blocking or writing to it."""
+def open_for_writing(path: str, what: str = "the timeline") -> int:
+    """``os.open`` of a regular file for writing, truncated (the timeline's file, the
+    autotune log). A FIFO, socket or device raises OutputPathError instead of blocking
+    or writing to it; ``what`` names the output in that error."""
     fd = -1
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
@@ -171,11 +172,10 @@ def open_for_writing(path: str) -> int:
         if fd >= 0:
             os.close(fd)
         problem = file_problem(path) or exc.strerror   # ENXIO: a FIFO nobody reads
-        raise OutputPathError(f"rank 0: the timeline {path} cannot be written: {problem}") \
-            from exc
+        raise OutputPathError(f"rank 0: {what} {path} cannot be written: {problem}") from exc
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise OutputPathError(f"rank 0: the timeline {path} cannot be written: {path} is "
+        raise OutputPathError(f"rank 0: {what} {path} cannot be written: {path} is "
                               f"{describe_kind(mode)}, not a regular file; name a file")
     return fd    # O_NONBLOCK does nothing on a regular file
 
@@ -185,7 +185,10 @@ def problems(config: Any) -> list[tuple[str, str]]:
     found = []
     checks = (("HVDLITE_REPORT", config.report, directory_problem),
               ("HVDLITE_TIMELINE", config.timeline_path, file_problem),
-              ("HVDLITE_ELASTIC_DIR", config.elastic_dir, directory_problem))
+              ("HVDLITE_ELASTIC_DIR", config.elastic_dir, directory_problem),
+              # The autotune log is written only while autotune runs.
+              ("HVDLITE_AUTOTUNE_LOG", config.autotune_log if config.autotune else "",
+               file_problem))
     for variable, path, check in checks:
         try:
             problem = check(path) if path else None
@@ -206,8 +209,8 @@ def agree(comm: Any, config: Any) -> set[str]:
     if not found:
         return set()
     fix = ("point the variable at a path rank 0 can write (a directory for the report "
-           "and the elastic state, a file in an existing directory for the timeline), or "
-           "set HVDLITE_OUTPUT_CHECK=warn to start anyway")
+           "and the elastic state, a file in an existing directory for the timeline and "
+           "the autotune log), or set HVDLITE_OUTPUT_CHECK=warn to start anyway")
     if config.output_check == "warn":
         if me == 0:
             for variable, problem in found:
@@ -225,4 +228,6 @@ _WARN_CONSEQUENCE = {
     "HVDLITE_TIMELINE": "no timeline is written",
     "HVDLITE_ELASTIC_DIR": "the first commit written to it will raise StateWriteError on "
                            "every rank",
+    "HVDLITE_AUTOTUNE_LOG": "autotune runs without its log (the report still shows its "
+                            "choice)",
 }

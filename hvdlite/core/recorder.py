@@ -73,15 +73,21 @@ def robust_sd(values: list[float]) -> float:
 
 class ReductionCount:
     """Engine thread writes; ``totals`` (reductions, tensors, bytes) is replaced whole,
-    so any thread reads a consistent triple without a lock."""
-    __slots__ = ("totals",)
+    so any thread reads a consistent triple without a lock. ``classes`` counts the
+    reductions by size class (``nbytes.bit_length()``: class k holds sizes from
+    2^(k-1) to 2^k - 1): autotune's ring thresholds are the bounds between the
+    classes a model's steps produce. Read it with ``dict(...)`` (one C call)."""
+    __slots__ = ("totals", "classes")
 
     def __init__(self) -> None:
         self.totals = (0, 0, 0)
+        self.classes: dict[int, int] = {}
 
     def add(self, tensors: int, nbytes: int) -> None:
         reductions, count, total = self.totals
         self.totals = (reductions + 1, count + tensors, total + nbytes)
+        key = nbytes.bit_length()
+        self.classes[key] = self.classes.get(key, 0) + 1
 
 
 class Mark(NamedTuple):
@@ -124,6 +130,8 @@ class StepRecorder:
         self.unreduced_tensors = 0      # gradients a one-rank optimizer did not reduce
         self.unreduced_bytes = 0
         self._recent = [0.0] * RECENT_STEPS   # the last step times, for their spread
+        # Called at every step boundary after it is recorded (HVDLITE_AUTOTUNE's tuner).
+        self.listeners: list[Callable[[], None]] = []
 
     def optimizer_wait_begin(self) -> float:
         self._depth += 1
@@ -158,6 +166,8 @@ class StepRecorder:
         self.steps += 1
         if self._sample is not None and (self.steps - 1) % self._sample_every == 0:
             self._sample()
+        for listener in self.listeners:
+            listener()
 
     def window(self) -> dict[str, Any]:
         """Per-step means over the window between the first and last boundary."""

@@ -66,6 +66,15 @@ def test_reconfigure_rebuilds_the_chain() -> None:
     assert _picked(chain, 1 << 20) == "ring" and _picked(chain, 8) == "mpi"
 
 
+def test_reconfigure_changes_the_rings_chunk() -> None:
+    """HVDLITE_RING_CHUNK was read when the ring was made and a reconfigure left it:
+    autotune's ring_chunk trials all ran the first chunk."""
+    chain = _chain(ring_chunk=256 << 10)
+    chain.configure(Config.load({}, ring_chunk=1 << 20))
+    ring = chain.pick("allreduce", F32, "cpu", 1 << 30)
+    assert ring.name == "ring" and ring.chunk_bytes == 1 << 20
+
+
 def test_nothing_supports_an_unknown_device() -> None:
     with pytest.raises(LookupError, match="no backend supports allreduce"):
         _chain().pick("allreduce", F32, "tpu:0", 8)

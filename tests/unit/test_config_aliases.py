@@ -68,6 +68,8 @@ ALIASES = {
     "HVDLITE_TIMELINE": ("HOROVOD_TIMELINE",),
     "HVDLITE_TIMELINE_MARK_CYCLES": ("HOROVOD_TIMELINE_MARK_CYCLES",),
     "HVDLITE_LOG_LEVEL": ("HOROVOD_LOG_LEVEL",),
+    "HVDLITE_AUTOTUNE": ("HOROVOD_AUTOTUNE",),
+    "HVDLITE_AUTOTUNE_LOG": ("HOROVOD_AUTOTUNE_LOG",),
 }
 
 # Every variable Horovod 0.28 reads at run time (horovod/common/common.h, operations.cc,
@@ -109,6 +111,15 @@ def test_horovods_variables_set_hvdlites_knobs_in_hvdlites_units() -> None:
     assert (config.fusion_threshold, config.cycle_time, config.cache_capacity,
             config.stall_check_time, config.stall_shutdown_time, config.log_level) == (
         32 << 20, 2.5, 0, 30.0, 120.0, "info")
+
+
+def test_horovods_autotune_switch_reads_as_horovod_reads_it() -> None:
+    """Horovod reads HOROVOD_AUTOTUNE with strtol: any integer above 0 is on."""
+    on = {value: Config.load({"HOROVOD_AUTOTUNE": value}).autotune
+          for value in ("1", "2", "0", "-1", "false")}
+    assert on == {"1": True, "2": True, "0": False, "-1": False, "false": False}
+    # Horovod's samples are counted in engine cycles, hvdlite's in steps: not read.
+    assert Config.load({"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "7"}).autotune_steps_per_sample == 5
 
 
 def test_horovods_log_levels() -> None:
@@ -174,7 +185,7 @@ def _named(records: list[logging.LogRecord], variable: str) -> int:
 def test_horovods_variables_without_a_meaning_here_are_warned_about_once(
         fresh_process: pytest.LogCaptureFixture) -> None:
     ignored = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
-               "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_AUTOTUNE": "1",
+               "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "5",
                "HOROVOD_WITH_PYTORCH": "1"}
     quiet = {"HOROVOD_HIERARCHICAL_ALLGATHER": "0", "HOROVOD_CONTROLLER": "MPI",
              "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_CYCLE_TIME": "5"}

@@ -1,0 +1,121 @@
+"""Topology-aware defaults: settings the user left unset, chosen from where the
+ranks run instead of fixed numbers.
+
+The fixed defaults were measured with one rank per core. When the ranks of a node
+outnumber the CPUs the job may use (``hvdlite.core.cpus``: the affinity mask and
+a cgroup quota) and they compute on those CPUs, every CPU cycle hvdlite spends
+is taken from some rank's forward and backward pass, and throughput follows the
+total CPU per step, not the latency of one reduction. There the reduction that
+costs the least CPU wins (BENCHMARKS.md, the np=4 analysis: 4 ranks on 2 cores,
+the engine's CPU per step 1.76x the hand-fused loop's Allreduce; MPICH's own
+Allreduce in the ring's place cut it by 12% at the same throughput).
+
+Ranks that compute on GPUs are weighed differently: their CPU mostly waits for
+the GPU, so an extra rank per core does not take compute from anyone, and the
+ring's lower latency on large buffers is kept.
+
+Every rank must use the same settings (a ring on one rank and MPI's Allreduce on
+another never meet), so each rank reports what it sees and the decision is the
+same function of everyone's reports: a collective at ``init()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterable
+
+from hvdlite.core import cpus
+
+_log = logging.getLogger("hvdlite")
+
+# HVDLITE_RING_THRESHOLD that no buffer reaches: under HVDLITE_ALLREDUCE=auto,
+# MPI's Allreduce at every size. (2^62 bytes: far beyond any buffer, and an int,
+# as every other byte setting.)
+NO_RING = 1 << 62
+
+
+def describe_bytes(nbytes: int) -> str:
+    """'2 MiB', '256 KiB', 'never' (NO_RING) for the logs and the report."""
+    if nbytes >= NO_RING:
+        return "never"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << (shift - 4)) == 0:
+            value = nbytes / (1 << shift)
+            return f"{value:g} {unit}"
+    return f"{nbytes} B"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """What the ranks of one node report: how many there are, how many of them
+    compute on the CPU, and how many CPUs they may use between them."""
+    ranks: int
+    cpu_ranks: int
+    cpus: float
+
+    @property
+    def cpu_bound_sharing(self) -> bool:
+        """More ranks than CPUs, and at least one of them computes on the CPU."""
+        return self.ranks > self.cpus and self.cpu_ranks > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    nodes: tuple[Node, ...]
+
+    @property
+    def crowded(self) -> Node | None:
+        """The node whose ranks share CPUs they compute on (the most ranks per CPU),
+        or None when no node has any."""
+        sharing = [n for n in self.nodes if n.cpu_bound_sharing]
+        return max(sharing, key=lambda n: n.ranks / max(n.cpus, 1e-9)) if sharing else None
+
+
+def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """The settings to change from their fixed defaults, and one sentence per change
+    saying why. Pure: the same placement gives the same answer on every rank."""
+    fixed = set(explicit)
+    changes: dict[str, Any] = {}
+    reasons: list[str] = []
+    crowded = placement.crowded
+    if crowded is not None and "ring_threshold" not in fixed:
+        # The ring moves 2(P-1)/P of the buffer through hvdlite's own sends, receives
+        # and NumPy sums on the engine thread; MPICH's Allreduce does the same work in
+        # C with less CPU, which is what the ranks compete for here.
+        changes["ring_threshold"] = NO_RING
+        reasons.append(
+            f"HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): {crowded.ranks} "
+            f"ranks compute on {crowded.cpus:g} CPUs of one node, so the reduction that "
+            "costs the least CPU wins")
+    return changes, reasons
+
+
+def local_node(local_comm: Any) -> Node:
+    """Collective over the ranks of one node: what they report together. The CPUs
+    they may use are the union of their affinity masks, capped by the tightest
+    cgroup quota among them."""
+    mine = (cpus.affinity(), cpus.cgroup_quota(), not cpus.gpus_in_use())
+    everyone = local_comm.allgather(mine)
+    union = frozenset().union(*(mask for mask, _, _ in everyone))
+    quotas = [quota for _, quota, _ in everyone if quota is not None]
+    available = float(len(union)) if not quotas else min(float(len(union)), min(quotas))
+    return Node(len(everyone), sum(1 for _, _, cpu in everyone if cpu), available)
+
+
+def agree(comm: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, list[str]]:
+    """Collective over ``comm`` (at init, on the engine thread): ``config`` with the
+    topology-aware defaults applied where the user set nothing, the same on every
+    rank, and the reasons (logged on rank 0 at info, shown in the report)."""
+    from mpi4py import MPI
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        node = local_node(local)
+        leader = local.Get_rank() == 0
+    finally:
+        local.Free()
+    nodes = tuple(n for n in comm.allgather(node if leader else None) if n is not None)
+    changes, reasons = choose(Placement(nodes), explicit)
+    if reasons and comm.Get_rank() == 0:
+        for reason in reasons:
+            _log.info("default %s", reason)
+    return (config.replace(**changes) if changes else config), reasons

@@ -1,0 +1,51 @@
+"""``python -m hvdlite.bench training --methods ...``: the launches it makes (autotune
+is hvdlite with HVDLITE_AUTOTUNE=1), and a table over whichever methods ran, with the
+choice autotune made in each launch. No benchmark runs here: the launches are stood in
+for."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hvdlite.bench import launches, training
+
+
+def test_methods_picks_the_launches_and_autotune_turns_autotune_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, tuple, int]] = []
+
+    def interleaved(methods: list, np_: int, rounds: int, metric: str, progress: str) -> Any:
+        seen.extend((m.label, m.env, np_) for m in methods)
+        return {}
+
+    monkeypatch.setattr(training.launches, "interleaved", interleaved)
+    monkeypatch.setattr(training, "_print_table", lambda rows, rounds: None)
+    training.main(["--np", "2", "4", "--models", "mlp", "--methods", "no_comm", "autotune",
+                   "hvdlite", "hand_fused", "ddp_gloo"])
+    labels = [label for label, _, np_ in seen if np_ == 2]
+    assert labels == ["hvdlite", "autotune", "ddp_gloo", "hand_fused", "no_comm"]
+    envs = {label: dict(env) for label, env, _ in seen}
+    assert envs["autotune"] == {"HVDLITE_AUTOTUNE": "1"} and envs["hvdlite"] == {}
+    assert [np_ for _, _, np_ in seen] == [2] * 5 + [4] * 5
+
+
+def test_the_table_shows_the_ratios_of_what_ran_and_what_autotune_chose(
+        capsys: pytest.CaptureFixture) -> None:
+    def samples(values: list[float], **others: Any) -> launches.Samples:
+        texts = {k: v for k, v in others.items() if isinstance(v[0], str)}
+        numbers = {k: v for k, v in others.items() if k not in texts}
+        return launches.Samples(values, numbers, texts)
+    rows = [("mlp", 2, {"hvdlite": samples([100.0, 110.0]),
+                        "autotune": samples([120.0, 100.0], tuning_steps=[60.0, 80.0],
+                                            tuning_s=[3.0, 5.0],
+                                            choice=["ring_threshold=never", "defaults"]),
+                        "hand_fused": samples([100.0, 100.0])})]
+    training._print_table(rows, 2)
+    out = capsys.readouterr().out
+    assert "defaults/fused: 1.05x (1.00-1.10)" in out
+    assert "autotune/fused: 1.10x (1.00-1.20)" in out
+    assert "autotune/defaults: 1.05x (0.91-1.20)" in out
+    assert "DDP" not in out.split("Peak RSS")[0]          # DDP did not run: no ratio
+    assert ("autotune chose, per launch: ['ring_threshold=never', 'defaults']; search 70 "
+            "steps, 4.0 s (medians)") in out
