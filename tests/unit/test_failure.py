@@ -44,9 +44,9 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
     """A failure module whose aborts and exits are recorded, whose sleeps are
     recorded, and whose state is restored after the test."""
     fake = Ends()
-    world = SimpleNamespace(COMM_WORLD=SimpleNamespace(
-        Abort=fake.Abort, Get_rank=lambda: 5, Get_size=lambda: 8))
-    monkeypatch.setattr(failure, "MPI", world)
+    # The world as the transport seam leaves it before install(): MPI's COMM_WORLD.
+    monkeypatch.setattr(failure, "_abort_world", fake.Abort)
+    monkeypatch.setattr(failure, "_mpi_world_who", lambda: (5, 8))
     monkeypatch.setattr(failure, "os", SimpleNamespace(write=os.write, fsync=os.fsync,
                                                       _exit=fake._exit))
     monkeypatch.setattr(failure, "time", SimpleNamespace(sleep=lambda s: fake.calls.append(
