@@ -185,6 +185,17 @@ def test_install_replaces_the_hooks_once_and_not_for_one_rank(ends: Ends, hooks:
     assert (sys.excepthook, threading.excepthook) == installed and failure._who == (2, 3)
 
 
+def test_install_takes_the_transports_abort_for_every_later_abort(ends: Ends, hooks: list) -> None:
+    """A transport other than MPI ends the job its own way; without one, MPI_Abort."""
+    with pytest.raises(Aborted):
+        failure.abort_now(2)
+    ends.calls.clear()
+    failure.install(1, 3, abort=lambda status: ends.calls.append(("transport", status)))
+    with pytest.raises(Aborted):
+        failure.abort_now(4)
+    assert ends.calls == [("transport", 4), ("_exit", 4)]
+
+
 def test_the_hooks_abort_for_errors_but_not_for_a_thread_sys_exit(ends: Ends,
                                                                   hooks: list) -> None:
     failure.install(0, 2)
