@@ -55,7 +55,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
     """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``), with
     ``process_sets`` (lists of global ranks) registered from the start. False, and
     nothing done, when it already runs: a second call is harmless."""
-    from hvdlite.core import transport_mpi as world   # here, not at import (module's doc)
+    world = _world()      # here, not at import (see the module's doc)
     world.initialize()
     from hvdlite.core import failure
     from hvdlite.core.engine import Engine
@@ -74,11 +74,30 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         for hook in START_HOOKS:
             hook(engine, config)
         if config.abort_on_error:
-            failure.install(topology.rank, topology.size)   # MPI: ends COMM_WORLD
+            transport = engine.transport      # MPI: failure's own MPI_Abort on COMM_WORLD
+            failure.install(topology.rank, topology.size,
+                            None if transport.name == "mpi" else transport.abort)
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
     return True
+
+
+def _world() -> Any:
+    """The transport module for how this process was started: torch.distributed over
+    Gloo under torchrun (which starts no MPI world; mpi4py need not be installed), MPI
+    otherwise."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        from hvdlite.core import transport_torch
+        return transport_torch
+    from hvdlite.core import transport_mpi
+    return transport_mpi
+
+
+def transport_name() -> Optional[str]:
+    """The running engine's transport ("mpi", "gloo"), None before init()."""
+    current = RUNTIME.engine
+    return None if current is None else current.transport.name
 
 
 def _configure_logging(config: Config, rank: int) -> None:
@@ -185,8 +204,7 @@ def _gpus_present() -> Optional[int]:
 
 def mpi_threads_supported() -> bool:
     topology("hvdlite.mpi_threads_supported()")
-    from hvdlite.core.transport_mpi import threads_multiple
-    return threads_multiple()
+    return transport_name() == "mpi" and _world().threads_multiple()
 
 
 def config() -> Config:

@@ -1,0 +1,53 @@
+"""hvdlite under torchrun, on torch.distributed's transport (hvdlite/core/transport_torch.py):
+the transport conformance checks, and hvdlite's collectives on a machine without
+mpi4py (hidden by tests/integration/no_mpi4py)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed", reason="torchrun needs torch")
+ROOT = Path(__file__).resolve().parents[2]
+NO_MPI4PY = Path(__file__).resolve().parent / "no_mpi4py"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(job: str, nproc: int, without_mpi4py: bool = False) -> str:
+    """The job's output; it must end with status 0 within 120 s."""
+    path = [str(NO_MPI4PY)] if without_mpi4py else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(ROOT)]), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+               "-m", "tests.integration.torchrun_jobs", job]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    return output
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_torch_distributed_passes_the_transport_conformance_checks(nproc: int) -> None:
+    from tests.transport_conformance import CHECKS
+    output = torchrun("conformance", nproc)
+    for rank in range(nproc):
+        for check in CHECKS:
+            assert f"PASS rank {rank} {check.__name__}" in output, output
+
+
+def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
+    """Three ranks, so that the process set of the first and last is not the world."""
+    output = torchrun("collectives", 3, without_mpi4py=True)
+    for rank in range(3):
+        assert f"OK rank {rank} of 3 mpi4py_loaded=False local={rank}/3" in output, output
