@@ -165,8 +165,8 @@ class Batches:
 
 
 class RoundWaiter:
-    """Waits on a transport's pending operations; ``on_tick(started, now)`` runs every liveness.TICK_S
-    once a wait has lasted (the stall inspector, the check for a lost peer)."""
+    """Waits on a transport's pending operations; ``on_tick(started, now)`` runs every
+    liveness.TICK_S once a wait has lasted (the stall inspector, the check for a lost peer)."""
 
     def __init__(self, config: Any, handles: Any, on_tick: Callable[[float, float], None],
                  doorbell: Doorbell, queued: Callable[[], int]) -> None:

@@ -4,6 +4,7 @@ mpi4py (hidden by tests/integration/no_mpi4py)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,17 +24,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(job: str, nproc: int, without_mpi4py: bool = False) -> str:
-    """The job's output; it must end with status 0 within 120 s."""
+def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool = True) -> str:
+    """The job's output; within 120 s it must end with status 0 (``succeeds``) or not."""
     path = [str(NO_MPI4PY)] if without_mpi4py else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(ROOT)]), OMP_NUM_THREADS="1")
+    # The agent looks at its workers every 5 s, not 0.1: a job whose rank exits is
+    # ended by it, and the survivors must get to say what they saw first.
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--monitor-interval=5",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
                "-m", "tests.integration.torchrun_jobs", job]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
+    assert (proc.returncode == 0) == succeeds, output
     return output
 
 
@@ -51,3 +55,10 @@ def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
     output = torchrun("collectives", 3, without_mpi4py=True)
     for rank in range(3):
         assert f"OK rank {rank} of 3 mpi4py_loaded=False local={rank}/3" in output, output
+
+
+def test_a_rank_that_exits_is_a_lost_peer_on_every_survivor() -> None:
+    output = torchrun("lost_peer", 3, succeeds=False)
+    for rank in (0, 2):
+        lost = rf"LOST rank {rank}: rank {rank}: lost a peer: rank 1 \(pid \d+ on \S+\) exited"
+        assert re.search(lost, output), output

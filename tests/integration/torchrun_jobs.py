@@ -52,5 +52,24 @@ def collectives() -> None:
     hvd.shutdown()
 
 
+def lost_peer() -> None:
+    """Rank 1 exits after a first allreduce; the others' next one must fail with
+    PeerLostError (found by the liveness check over the store and /proc)."""
+    import os
+    import time
+
+    import hvdlite as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(1), name="warm")
+    if hvd.rank() == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    try:
+        hvd.allreduce(np.ones(1), name="after")
+    except hvd.PeerLostError as error:
+        print(f"LOST rank {hvd.rank()}: {error}", flush=True)
+
+
 if __name__ == "__main__":
-    {"conformance": conformance, "collectives": collectives}[sys.argv[1]]()
+    {"conformance": conformance, "collectives": collectives,
+     "lost_peer": lost_peer}[sys.argv[1]]()

@@ -21,7 +21,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
-from hvdlite.core.transport import check_data_op
+from hvdlite.core.transport import Await, check_data_op
 from hvdlite.reduce_op import ReduceOp
 from tests.unit.fake_comm import ThreadComm, ThreadWorld
 
@@ -163,12 +163,12 @@ class ThreadTransport:
         parts = self._exchange(pickle.dumps(obj) if self.rank == root else None)
         return pickle.loads(parts[root])
 
-    def gather_awaited(self, obj: Any, wait: Callable[[Sequence[Any]], None]) -> Optional[list[Any]]:
+    def gather_awaited(self, obj: Any, wait: Await) -> Optional[list[Any]]:
         result: list[Any] = []
         wait([self._post(pickle.dumps(obj), result.extend)])
         return [pickle.loads(p) for p in result] if self.rank == 0 else None
 
-    def bcast_awaited(self, obj: Any, wait: Callable[[Sequence[Any]], None]) -> Any:
+    def bcast_awaited(self, obj: Any, wait: Await) -> Any:
         result: list[Any] = []
         wait([self._post(pickle.dumps(obj) if self.rank == 0 else None, result.extend)])
         return pickle.loads(result[0])
