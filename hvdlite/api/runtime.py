@@ -1,10 +1,9 @@
 """Process-wide hvdlite state: one Runtime, a thin ``init()`` and ``shutdown()``.
 
 Importing this module starts nothing: the transport (MPI's imports mpi4py, which
-initialises MPI when its ``MPI`` module is imported) and the engine are imported
-inside ``init()``, so
-forked DataLoader workers, launchers and test collection never get MPI state
-they did not ask for.
+initialises MPI when its ``MPI`` module is imported; torchrun's imports torch) and
+the engine are imported inside ``init()``, so forked DataLoader workers, launchers
+and test collection never get MPI state they did not ask for.
 """
 from __future__ import annotations
 
