@@ -73,20 +73,25 @@ def stop_timeline() -> None:
 
 
 def mpi_built() -> bool:
-    return True
+    """Whether mpi4py, MPI's transport, is installed."""
+    return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_enabled() -> bool:
-    return True
+    """Whether hvdlite runs on MPI: its transport, or the one init() would open."""
+    name = runtime.transport_name()
+    return name == "mpi" if name is not None else mpi_built()
 
 
 def gloo_built() -> bool:
-    return False
+    """True where hvdlite runs on Gloo: torch.distributed's transport, opened under
+    torchrun; under MPI, False."""
+    return runtime.transport_name() == "gloo"
 
 
 def gloo_enabled() -> bool:
-    """False: hvdlite runs on MPI only, never on Gloo."""
-    return False
+    """True where hvdlite runs on Gloo (under torchrun), False under MPI."""
+    return runtime.transport_name() == "gloo"
 
 
 def ddl_built() -> bool:

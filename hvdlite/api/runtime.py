@@ -1,9 +1,9 @@
 """Process-wide hvdlite state: one Runtime, a thin ``init()`` and ``shutdown()``.
 
-Importing this module starts nothing: mpi4py (which initialises MPI when its
-``MPI`` module is imported) and the engine are imported inside ``init()``, so
-forked DataLoader workers, launchers and test collection never get MPI state
-they did not ask for.
+Importing this module starts nothing: the transport (MPI's imports mpi4py, which
+initialises MPI when its ``MPI`` module is imported; torchrun's imports torch) and
+the engine are imported inside ``init()``, so forked DataLoader workers, launchers
+and test collection never get MPI state they did not ask for.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hvdlite.api.output_pool import OutputPool
 from hvdlite.config import Config
-from hvdlite.errors import NotInitializedError, UsageError
+from hvdlite.errors import NotInitializedError
 
 if TYPE_CHECKING:
     from hvdlite.core.engine import Engine
@@ -54,20 +54,18 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
     """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``), with
     ``process_sets`` (lists of global ranks) registered from the start. False, and
     nothing done, when it already runs: a second call is harmless."""
-    from hvdlite.core import mpi_init
-    MPI = mpi_init.ensure_initialized()   # here, not at import (see the module's doc)
+    world = _world()      # here, not at import (see the module's doc)
+    world.initialize()
     from hvdlite.core import failure
     from hvdlite.core.engine import Engine
-    from hvdlite.core.topology import check_launch
     with RUNTIME.lock:
         if RUNTIME.engine is not None:
             if RUNTIME.engine.dead is None:
                 return False
             RUNTIME.engine.shutdown()
         config = Config.load()
-        _configure_logging(config, MPI.COMM_WORLD.Get_rank())
-        check_launch(MPI.COMM_WORLD.Get_size())
-        engine = Engine(config, _resolve_comm(MPI, comm), process_sets)
+        _configure_logging(config, world.world_rank())
+        engine = Engine(config, world.open_world(comm), process_sets)
         topology = engine.start()
         # The engine's settings: the loaded ones with the topology-aware defaults applied.
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = engine.config, engine, topology
@@ -76,23 +74,30 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         for hook in START_HOOKS:
             hook(engine, engine.config)
         if config.abort_on_error:
-            failure.install(topology.rank, topology.size)
+            transport = engine.transport      # MPI: failure's own MPI_Abort on COMM_WORLD
+            failure.install(topology.rank, topology.size,
+                            None if transport.name == "mpi" else transport.abort)
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
     return True
 
 
-def _resolve_comm(MPI: Any, comm: Union[Any, Sequence[int], None]) -> Any:
-    if comm is None:
-        return MPI.COMM_WORLD
-    if isinstance(comm, MPI.Comm):
-        return comm
-    ranks = sorted(int(r) for r in comm)
-    if MPI.COMM_WORLD.Get_rank() not in ranks:
-        raise UsageError(f"rank {MPI.COMM_WORLD.Get_rank()} called init(comm={ranks}) but "
-                         "is not in that list; only the listed ranks may call it")
-    return MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(ranks))
+def _world() -> Any:
+    """The transport module for how this process was started: torch.distributed over
+    Gloo under torchrun (which starts no MPI world; mpi4py need not be installed), MPI
+    otherwise."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        from hvdlite.core import transport_torch
+        return transport_torch
+    from hvdlite.core import transport_mpi
+    return transport_mpi
+
+
+def transport_name() -> Optional[str]:
+    """The running engine's transport ("mpi", "gloo"), None before init()."""
+    current = RUNTIME.engine
+    return None if current is None else current.transport.name
 
 
 def _configure_logging(config: Config, rank: int) -> None:
@@ -210,8 +215,7 @@ def _gpus_present() -> Optional[int]:
 
 def mpi_threads_supported() -> bool:
     topology("hvdlite.mpi_threads_supported()")
-    from mpi4py import MPI
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    return transport_name() == "mpi" and _world().threads_multiple()
 
 
 def config() -> Config:

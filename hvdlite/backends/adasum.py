@@ -40,7 +40,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ImportError:     # no mpi4py (torchrun's transport): these backends decline every call
+    MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Done, HostBackend
 from hvdlite.reduce_op import ReduceOp
@@ -106,7 +109,8 @@ class AdasumBackend(HostBackend):
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return op is ReduceOp.ADASUM and kind == "allreduce" and device == "cpu"
+        return (op is ReduceOp.ADASUM and kind == "allreduce" and device == "cpu"
+                and not self.declined)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
         comm = self._comms[set_id]

@@ -143,12 +143,17 @@ class HostBackend:
     def __init__(self) -> None:
         self._comms: dict[int, Any] = {}
         self.traffic = Traffic(self.exact_traffic)
+        # True once a set was opened on a transport that is no MPI communicator (the
+        # core's transport seam; torchrun's): these backends then decline every call,
+        # and the chain falls through to the backend on the transport's collectives.
+        self.declined = False
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
 
     def open_set(self, set_id: int, comm: Any) -> None:
         self._comms[set_id] = comm
+        self.declined = hasattr(comm, "allreduce_array")
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)

@@ -13,13 +13,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ImportError:     # no mpi4py (torchrun's transport): these backends decline every call
+    MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Buffer, Done, HostBackend, offsets
 from hvdlite.reduce_op import ReduceOp
 
 MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
-           ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+           ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD} if MPI is not None else {}
 
 
 class MpiBackend(HostBackend):
@@ -28,7 +31,7 @@ class MpiBackend(HostBackend):
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return device == "cpu" and op is not ReduceOp.ADASUM
+        return device == "cpu" and op is not ReduceOp.ADASUM and not self.declined
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
         return self.allreduce_from(set_id, MPI.IN_PLACE, buf, op)

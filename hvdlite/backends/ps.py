@@ -16,7 +16,10 @@ executor divides, as for every host backend.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ImportError:     # no mpi4py (torchrun's transport): these backends decline every call
+    MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, ScratchPair
 from hvdlite.reduce_op import ReduceOp
@@ -35,7 +38,8 @@ class ParameterServerBackend(HostBackend):
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return kind == "allreduce" and device == "cpu" and op is not ReduceOp.ADASUM
+        return (kind == "allreduce" and device == "cpu" and op is not ReduceOp.ADASUM
+                and not self.declined)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
         comm = self._comms[set_id]

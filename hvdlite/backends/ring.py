@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ImportError:     # no mpi4py (torchrun's transport): these backends decline every call
+    MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import (DONE, UFUNCS, Done, HostBackend, ScratchPair, even_counts,
                                    segment_bounds)
@@ -53,7 +56,7 @@ class RingBackend(HostBackend):
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
         return (kind in _RING_KINDS and device == "cpu" and nbytes >= self.min_bytes
-                and op is not ReduceOp.ADASUM)
+                and op is not ReduceOp.ADASUM and not self.declined)
 
     def allreduce(self, set_id: int, buf: np.ndarray, op: ReduceOp) -> Done:
         return self.allreduce_from(set_id, buf, buf, op)

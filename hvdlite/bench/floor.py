@@ -22,6 +22,7 @@ from mpi4py import MPI
 from hvdlite.config import Config
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.registry import Round
+from hvdlite.core.transport_mpi import MpiTransport
 
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
 # cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
@@ -63,7 +64,7 @@ def negotiated_floor(comm: MPI.Comm, repeats: int, idle_s: float,
 
     def agree_then_reduce(private: MPI.Comm) -> None:
         if not rounds:
-            rounds.append(Round(private, round_words))
+            rounds.append(Round(MpiTransport(private), round_words))
         rounds[0].cleared()[0] = 1
         request = rounds[0].start()
         while not request.Test():

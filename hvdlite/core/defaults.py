@@ -102,20 +102,19 @@ def local_node(local_comm: Any) -> Node:
     return Node(len(everyone), sum(1 for _, _, cpu in everyone if cpu), available)
 
 
-def agree(comm: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, list[str]]:
-    """Collective over ``comm`` (at init, on the engine thread): ``config`` with the
+def agree(transport: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, list[str]]:
+    """Collective over ``transport`` (at init, on the engine thread): ``config`` with the
     topology-aware defaults applied where the user set nothing, the same on every
     rank, and the reasons (logged on rank 0 at info, shown in the report)."""
-    from mpi4py import MPI
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local = transport.split_node(key=transport.rank)
     try:
         node = local_node(local)
-        leader = local.Get_rank() == 0
+        leader = local.rank == 0
     finally:
-        local.Free()
-    nodes = tuple(n for n in comm.allgather(node if leader else None) if n is not None)
+        local.free()
+    nodes = tuple(n for n in transport.allgather(node if leader else None) if n is not None)
     changes, reasons = choose(Placement(nodes), explicit)
-    if reasons and comm.Get_rank() == 0:
+    if reasons and transport.rank == 0:
         for reason in reasons:
             _log.info("default %s", reason)
     return (config.replace(**changes) if changes else config), reasons

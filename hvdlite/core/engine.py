@@ -1,4 +1,4 @@
-"""The background engine: the one thread that talks to MPI.
+"""The background engine: the one thread that talks to the transport (MPI: transport_mpi.py).
 
 User threads only enqueue Requests and wait on handles. Each engine iteration:
 
@@ -25,8 +25,6 @@ import time
 import traceback
 from typing import Any, Optional, Sequence
 
-from mpi4py import MPI
-
 from hvdlite.config import fields_set as config_fields_set
 from hvdlite.core import deadlock, defaults, exit_guard, failure, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
@@ -39,6 +37,7 @@ from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
+from hvdlite.core.transport import Transport
 from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, PeerLostError,
                             ShutdownError, StallError, error_class)
 
@@ -47,13 +46,13 @@ _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONF
 
 
 class Engine:
-    def __init__(self, config: Any, comm: MPI.Comm, process_sets: RequestedSets = ()) -> None:
+    def __init__(self, config: Any, transport: Transport, process_sets: RequestedSets = ()) -> None:
         self.config = config
         self._initial_sets = process_sets      # registered at setup, once every rank agrees
         self.handles = HandleTable()
         self.topology: Optional[Topology] = None
         self.timeline: Optional[Timeline] = None
-        self._comm = comm
+        self.transport = transport    # the world; each process set has its own (registry)
         # Submission: the user side appends to a deque (atomic under the GIL) and rings
         # the doorbell, which wakes the engine only if it sleeps; the two threads never
         # contend for a lock on the hot path.
@@ -71,7 +70,7 @@ class Engine:
         self._stall_messages: dict[int, str] = {}
         self._report_after = stall.report_after(config)   # read every round
         self._inspectors: dict[int, stall.StallInspector] = {}
-        self._deadlock = deadlock.DeadlockWatch(self.handles, config, comm.Get_rank() == 0)
+        self._deadlock = deadlock.DeadlockWatch(self.handles, config, transport.rank == 0)
         self._setup_error: Optional[BaseException] = None
         self._ready = threading.Event()
         # HVDLITE_REPORT: time this rank's requests wait for agreement (engine thread).
@@ -107,7 +106,7 @@ class Engine:
             names = self._in_flight.setdefault(request.process_set_id, set())
             if request.desc.name in names:
                 raise DuplicateNameError(
-                    f"rank {self._comm.Get_rank()}: a collective named '{request.desc.name}' "
+                    f"rank {self.transport.rank}: a collective named '{request.desc.name}' "
                     "is already in flight; synchronize it before reusing the name, or "
                     "give each concurrent tensor its own name.")
             names.add(request.desc.name)
@@ -177,13 +176,13 @@ class Engine:
 
     def _setup(self) -> None:
         waiting.precise_sleeps()
-        self.topology = detect(self._comm)
-        unusable = outputs.agree(self._comm, self.config)   # before anything is started
-        self.config, self.defaults_chosen = defaults.agree(self._comm, self.config,
+        self.topology = detect(self.transport)
+        unusable = outputs.agree(self.transport, self.config)   # before anything is started
+        self.config, self.defaults_chosen = defaults.agree(self.transport, self.config,
                                                            config_fields_set())
         self.executor.reconfigure(self.config)
-        register_agreed_sets(self.registry, self._comm, self._initial_sets)
-        self._liveness = liveness.Liveness(self._comm, self.config, self._lost)
+        register_agreed_sets(self.registry, self.transport, self._initial_sets)
+        self._liveness = liveness.Liveness(self.transport, self.config, self._lost)
         self._sentinel = self._liveness.sentinel
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))
@@ -195,8 +194,8 @@ class Engine:
             self.timeline = Timeline(self.config.timeline_path,
                                      mark_cycles=self.config.timeline_mark_cycles)
 
-    def _open_set(self, set_id: int, comm: MPI.Comm) -> None:
-        self.executor.open_set(set_id, comm)
+    def _open_set(self, set_id: int, comm: Transport) -> None:
+        self.executor.open_set(set_id, comm.native)   # the backends run on what it wraps
         ranks = self.registry.ranks_of(set_id) or ()
         self._inspectors[set_id] = stall.StallInspector(self.config, ranks)
 
@@ -299,11 +298,11 @@ class Engine:
                         self._shutdown_requested and on_global,
                         not on_global and self.registry.in_join(),
                         self._deadlock.pending(self.registry.members()) if on_global else None)
-        gathered = liveness.gather(state.comm, report, self._waiter.wait)
+        gathered = state.comm.gather_awaited(report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
             verdict = self._decide(state, gathered)
-        verdict = liveness.bcast(state.comm, verdict, self._waiter.wait)
+        verdict = state.comm.bcast_awaited(verdict, self._waiter.wait)
         self._dispatch(state, verdict.responses, cached=False)
         if verdict.shutdown_ranks:
             ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
@@ -316,7 +315,7 @@ class Engine:
             return False
         if verdict.deadlock:    # every rank fails what it has pending; the engine goes on
             deadlock.fail_all(self.registry.members(), self.fail_set, DeadlockError(
-                f"rank {self._comm.Get_rank()}: {verdict.deadlock}"))
+                f"rank {self.transport.rank}: {verdict.deadlock}"))
         return True
 
     def _decide(self, state: SetState, gathered: list[Report]) -> Verdict:
@@ -354,7 +353,7 @@ class Engine:
             if response.error:
                 if request is not None:
                     self._fail(request, error_class(response.error_kind)(
-                        f"rank {self._comm.Get_rank()}: {response.error}"))
+                        f"rank {self.transport.rank}: {response.error}"))
                 continue
             if not cached and response.desc.kind in CACHEABLE:
                 state.cache.insert(response, request.desc if request else response.desc)
@@ -423,10 +422,10 @@ class Engine:
     def _crash(self, exc: BaseException) -> None:
         if isinstance(exc, liveness.RoundAbandoned) or isinstance(self.dead, PeerLostError):
             return   # already stopped with PeerLostError; the user threads report it
-        if isinstance(exc, MPI.Exception) and (lost := self._sentinel.explain()):
-            self._lost(lost)   # MPI failed because a peer died (a copy from its memory)
+        if isinstance(exc, self.transport.failures) and (lost := self._sentinel.explain()):
+            self._lost(lost)   # it failed because a peer died (MPI: a copy from its memory)
             return
-        rank = self._comm.Get_rank()
+        rank = self.transport.rank
         text = "".join(traceback.format_exception(exc))
         self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))
         _log.error("hvdlite engine failed on rank %d; this is a bug, please report it:\n%s",
@@ -434,6 +433,6 @@ class Engine:
         if self.config.abort_on_error:
             time.sleep(failure.ABORT_GRACE_S)   # let the launcher forward the log first
             try:
-                self._comm.Abort(1)
+                self.transport.abort(1)
             finally:
                 os._exit(1)   # MPI_Abort may return once the launcher has the request

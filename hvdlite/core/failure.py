@@ -30,9 +30,7 @@ import threading
 import time
 import traceback
 from types import TracebackType
-from typing import Any, NoReturn, Optional
-
-from mpi4py import MPI
+from typing import Any, Callable, NoReturn, Optional
 
 # hydra's proxy forwards stderr as soon as it can read it; 0.3 s covers a loaded
 # host, and an aborting job loses nothing that matters in that time.
@@ -47,6 +45,21 @@ _who: Optional[tuple[int, int]] = None      # (rank, size), for messages
 _exit_status: Optional[int] = None          # set as the interpreter ends via sys.exit(n)
 _broken: Optional[str] = None               # why the world is broken, once it is
 _BASE_CODE = SystemExit.code                # the C-level attribute behind SystemExit.code
+
+
+def _mpi_world_abort(status: int) -> None:
+    from mpi4py import MPI      # only once something must end: importing has no effects
+    MPI.COMM_WORLD.Abort(status)
+
+
+def _mpi_world_who() -> tuple[int, int]:
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+# How to end the whole job: the engine's transport's abort once install() has it
+# (MPI_Abort on COMM_WORLD until then, as before the transport seam).
+_abort_world: Callable[[int], None] = _mpi_world_abort
 
 
 def emit(text: str, grace: float = ABORT_GRACE_S) -> None:
@@ -70,17 +83,17 @@ def emit(text: str, grace: float = ABORT_GRACE_S) -> None:
 
 
 def abort_now(status: int) -> NoReturn:
-    """MPI_Abort, and make sure this process ends here: under MPICH's ABI build
-    MPI_Abort can return once the launcher has the request, and the interpreter
-    would then run its exit handlers (and print their output) until killed."""
+    """The transport's abort (MPI_Abort), and make sure this process ends here: under
+    MPICH's ABI build MPI_Abort can return once the launcher has the request, and the
+    interpreter would then run its exit handlers (and print their output) until killed."""
     try:
-        MPI.COMM_WORLD.Abort(status)
+        _abort_world(status)
     finally:
         os._exit(status)
 
 
 def _identify() -> str:
-    rank, size = _who or (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+    rank, size = _who or _mpi_world_who()
     return f"[hvdlite] rank {rank} of {size} on {socket.gethostname()}"
 
 
@@ -126,10 +139,13 @@ def _exit(status: object = None, /) -> NoReturn:
     raise _TrackedExit(status)
 
 
-def install(rank: int, size: int) -> None:
-    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit."""
-    global _installed, _who
+def install(rank: int, size: int, abort: Optional[Callable[[int], None]] = None) -> None:
+    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit; ``abort``
+    (the engine transport's) ends the job from then on."""
+    global _installed, _who, _abort_world
     _who = (rank, size)
+    if abort is not None:
+        _abort_world = abort
     if _installed or size == 1:
         return
     _installed = True

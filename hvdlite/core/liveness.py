@@ -6,8 +6,8 @@ OVERDUE_S means some member's engine is busy in a long collective, frozen, or
 gone. While a round is overdue, each waiting engine (on its own thread, from
 Engine._await):
 
-1. pings every peer on a private communicator and notes whose pings arrive: an
-   engine that is waiting too is alive;
+1. pings every peer on the transport's private liveness channel and notes whose
+   pings arrive: an engine that is waiting too is alive;
 2. checks the processes of peers in the same process domain (same host, boot and
    PID namespace): a pid that no longer exists, is a zombie, or now belongs to a
    process started later has exited;
@@ -16,19 +16,16 @@ Engine._await):
 4. sends that verdict to every other peer, and adopts any verdict it receives,
    so every survivor fails, even those that cannot see the cause themselves.
 
-Monitor and the helpers above Channel are pure logic (no MPI) for unit tests.
+Monitor and the helpers are pure logic (no transport) for unit tests.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import socket
-import time
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
-from mpi4py import MPI
+from hvdlite.core.transport import Transport
 
 # A waiting engine runs the stall inspector and this check this often. Rounds
 # complete in well under this while every engine is alive, so the steady state never
@@ -47,10 +44,6 @@ PINGS_PER_TIMEOUT = 8
 # ...within these bounds: not more than 4 per second (P-1 messages each), not so
 # rarely that a short test timeout is missed.
 MIN_PING_S, MAX_PING_S = 0.25, 2.0
-# A verdict is a few small messages; waiting this long for them to leave is enough
-# on any working network and bounded on a broken one.
-VERDICT_SEND_WAIT_S = 0.5
-_TAG_PING, _TAG_VERDICT = 1, 2   # on the private communicator only
 
 EXITED, STOPPED, RUNNING, UNKNOWN = "exited", "stopped", "running", "unknown"
 
@@ -228,60 +221,20 @@ def error_message(me: int, what: str, reporter: Optional[int], timeout: float) -
             "waited for.")
 
 
-class Channel:
-    """Pings and verdicts on a private duplicate of the engine's world communicator,
-    so they never match the engine's collectives or user traffic."""
-
-    def __init__(self, world: MPI.Comm) -> None:
-        self.comm = world.Dup()
-        self._ping = np.zeros(1, dtype=np.uint8)   # content is irrelevant, never written
-        self._inbox = np.zeros(1, dtype=np.uint8)
-        self._status = MPI.Status()
-        self._pings: dict[int, MPI.Request] = {}
-
-    def ping(self, ranks: Sequence[int]) -> None:
-        for rank in ranks:
-            previous = self._pings.get(rank)
-            if previous is not None and not previous.Test():
-                continue   # not delivered yet (a dead peer's queue is full): don't pile up
-            self._pings[rank] = self.comm.Isend([self._ping, MPI.BYTE], dest=rank, tag=_TAG_PING)
-
-    def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
-        """Ranks heard from, and the verdicts received as (reporter, text)."""
-        # Forget delivered pings, so finished requests do not pile up until MPI_Finalize.
-        self._pings = {rank: req for rank, req in self._pings.items() if not req.Test()}
-        heard: set[int] = set()
-        verdicts: list[tuple[int, str]] = []
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=self._status):
-            source, tag = self._status.Get_source(), self._status.Get_tag()
-            heard.add(source)
-            if tag == _TAG_PING:
-                self.comm.Recv([self._inbox, MPI.BYTE], source=source, tag=tag)
-            else:
-                verdicts.append((source, self.comm.recv(source=source, tag=tag)))
-        return heard, verdicts
-
-    def tell(self, ranks: Sequence[int], text: str) -> None:
-        requests = [self.comm.isend(text, dest=rank, tag=_TAG_VERDICT) for rank in ranks]
-        deadline = time.monotonic() + VERDICT_SEND_WAIT_S
-        while not MPI.Request.Testall(requests) and time.monotonic() < deadline:
-            time.sleep(1e-3)
-
-
 class Liveness:
     """The engine's handle: one identity exchange at init, then check() while waiting
     on a round, and the sentinel (sentinel.py) while inside a data collective, whose
     ``on_loss(message)`` runs on the sentinel's thread."""
 
-    def __init__(self, world: MPI.Comm, config: Any,
+    def __init__(self, world: Transport, config: Any,
                  on_loss: Optional[Callable[[str], None]] = None) -> None:
         from hvdlite.core.sentinel import Sentinel   # it builds on this module
-        self.me = world.Get_rank()
+        self.me = world.rank
         self.timeout = config.peer_timeout
         peers = world.allgather(identity(self.me))
         self.peers = peers
         self.monitor = Monitor(self.me, peers, self.timeout)
-        self.channel = Channel(world)
+        self.channel = world.liveness_channel()
         self.sentinel = Sentinel(self.me, peers, self.timeout, on_loss or (lambda _: None))
         if on_loss is not None:
             self.sentinel.start()
@@ -305,37 +258,3 @@ class Liveness:
         what = describe(losses)
         self.channel.tell(self.monitor.survivors(losses), what)
         return error_message(self.me, what, None, self.timeout)
-
-
-# -- a full round's collectives, awaited so that a peer lost mid-round is noticed ---
-# A peer can die after it joined a round's bit-vector allreduce but before the full
-# round's gather: with blocking collectives, the survivors would then wait inside
-# MPI forever, where no liveness check can run.
-Await = Callable[[Sequence[MPI.Request]], None]
-
-
-def gather(comm: MPI.Comm, obj: Any, wait: Await) -> Optional[list[Any]]:
-    """``comm.gather(obj, root=0)`` on non-blocking collectives waited on by ``wait``."""
-    data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-    root = comm.Get_rank() == 0
-    sizes = np.zeros(comm.Get_size() if root else 1, dtype=np.int64)
-    wait([comm.Igather(np.array([data.size], dtype=np.int64), sizes if root else None)])
-    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])) if root else sizes
-    out = np.empty(int(sizes.sum()) if root else 0, dtype=np.uint8)
-    wait([comm.Igatherv([data, MPI.BYTE],
-                        [out, (sizes, offsets), MPI.BYTE] if root else None)])
-    if not root:
-        return None
-    return [pickle.loads(out[o:o + n]) for o, n in zip(offsets, sizes)]
-
-
-def bcast(comm: MPI.Comm, obj: Any, wait: Await) -> Any:
-    """``comm.bcast(obj, root=0)`` on non-blocking collectives waited on by ``wait``."""
-    root = comm.Get_rank() == 0
-    data = np.frombuffer(bytearray(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)),
-                         dtype=np.uint8) if root else None
-    size = np.array([data.size if data is not None else 0], dtype=np.int64)
-    wait([comm.Ibcast(size)])
-    buf = data if data is not None else np.empty(int(size[0]), dtype=np.uint8)
-    wait([comm.Ibcast([buf, MPI.BYTE])])
-    return obj if root else pickle.loads(buf)

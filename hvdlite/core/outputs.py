@@ -204,7 +204,7 @@ def agree(comm: Any, config: Any) -> set[str]:
     with HVDLITE_OUTPUT_CHECK=error every rank raises OutputPathError, so no rank
     starts training (or waits for a rank that did not). With 'warn', returns the
     variables whose output cannot be written (the same set on every rank)."""
-    me = comm.Get_rank()
+    me = comm.rank
     found = comm.bcast(problems(config) if me == 0 else None, root=0)
     if not found:
         return set()

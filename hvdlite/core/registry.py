@@ -15,50 +15,35 @@ import dataclasses
 import time
 from typing import Callable, Iterable, Optional
 
-from mpi4py import MPI
-
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.negotiation import Coordinator
 from hvdlite.core.requests import Kind, Request
+from hvdlite.core.transport import Pending, Transport
 
 GLOBAL_SET_ID = 0
 
 
 class Round:
-    """One set's negotiation round: its vector of 64-bit words and the bitwise-AND
-    allreduce over it. Where the MPI library has MPI-4's persistent collectives the
-    allreduce is built once (``Allreduce_init``) and started each round: after 5 ms of
-    idle, starting it took 8-11 us here against 18 us for a fresh ``Iallreduce``.
-    Elsewhere each round posts an ``Iallreduce``. Made with the set's state where the
-    set is registered, a collective point on every member, as the persistent call
-    requires."""
+    """One set's negotiation round: its vector of 64-bit words and the transport's
+    bitwise-AND allreduce over it (``Transport.band_round``), made once where the set is
+    registered, a collective point on every member. ``start`` is the transport round's
+    own bound method: the engine starts every set's round each cycle, and a forwarding
+    call would be paid there."""
 
-    def __init__(self, comm: MPI.Comm, words: int) -> None:
+    def __init__(self, comm: Transport, words: int) -> None:
         self.vector = array.array("Q", bytes(8 * words))
         self._zeros = array.array("Q", bytes(8 * words))
-        self._comm = comm
-        try:
-            self._persistent: Optional[MPI.Request] = comm.Allreduce_init(
-                MPI.IN_PLACE, self.vector, op=MPI.BAND)
-        except (NotImplementedError, AttributeError, MPI.Exception):
-            self._persistent = None     # MPI before 4, or a stand-in communicator
+        self._band = comm.band_round(self.vector)
+        self.start: Callable[[], Pending] = self._band.start
 
     def cleared(self) -> array.array:
         """The vector, zeroed for the next round (written only between rounds)."""
         self.vector[:] = self._zeros
         return self.vector
 
-    def start(self) -> MPI.Request:
-        if self._persistent is None:
-            return self._comm.Iallreduce(MPI.IN_PLACE, self.vector, op=MPI.BAND)
-        self._persistent.Start()
-        return self._persistent
-
     def free(self) -> None:
-        """Before the communicator is freed (the request refers to it)."""
-        if self._persistent is not None:
-            self._persistent.Free()
-            self._persistent = None
+        """Before the transport is freed (an MPI round's request refers to it)."""
+        self._band.free()
 
 
 @dataclasses.dataclass
@@ -66,7 +51,7 @@ class SetState:
     """The engine's view of one process set this rank is a member of."""
     set_id: int
     ranks: tuple[int, ...]          # global ranks, ascending
-    comm: MPI.Comm                  # private communicator for negotiation and data
+    comm: Transport                 # private to the set: negotiation and data
     cache: ResponseCache
     coordinator: Optional[Coordinator]
     pending: dict[str, Request] = dataclasses.field(default_factory=dict)
@@ -77,7 +62,7 @@ class SetState:
 
 
 class ProcessSetRegistry:
-    def __init__(self, cache_capacity: int, on_open: Callable[[int, MPI.Comm], None],
+    def __init__(self, cache_capacity: int, on_open: Callable[[int, Transport], None],
                  on_close: Callable[[int], None]) -> None:
         self._cache_capacity = cache_capacity
         self._on_open, self._on_close = on_open, on_close
@@ -115,18 +100,18 @@ class ProcessSetRegistry:
         return self._ordered
 
     # -- changes (engine thread) --------------------------------------------------------------
-    def add(self, ranks: tuple[int, ...], world: MPI.Comm) -> int:
+    def add(self, ranks: tuple[int, ...], world: Transport) -> int:
         """Register a set on every rank of ``world`` (collective over ``world``)."""
         set_id = self._next_id
         self._next_id += 1
+        comm: Optional[Transport]
         if set_id == GLOBAL_SET_ID:
-            comm = world.Dup()
+            comm = world.dup()
         else:
-            member = world.Get_rank() in ranks
-            comm = world.Split(0 if member else MPI.UNDEFINED, key=world.Get_rank())
+            comm = world.split(0 if world.rank in ranks else None, key=world.rank)
         self._ranks[set_id] = ranks
-        if comm != MPI.COMM_NULL:
-            coordinator = Coordinator(comm.Get_size(), ranks) if comm.Get_rank() == 0 else None
+        if comm is not None:
+            coordinator = Coordinator(comm.size, ranks) if comm.rank == 0 else None
             self._members[set_id] = SetState(set_id, ranks, comm,
                                              ResponseCache(self._cache_capacity), coordinator)
             self._reorder()
@@ -145,7 +130,7 @@ class ProcessSetRegistry:
             state.pending.clear()
             self._on_close(set_id)
             state.round.free()
-            state.comm.Free()
+            state.comm.free()
         return True
 
     def close_all(self) -> None:

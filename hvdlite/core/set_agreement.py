@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence, Union
 
+from hvdlite.core.transport import Transport
 from hvdlite.errors import UsageError
 
 # What a rank asks for: each set's global ranks (ascending), or the text of the error
@@ -47,10 +48,10 @@ def agree_on_sets(requested: Sequence[RequestedSets], world_size: int,
     return first
 
 
-def register_agreed_sets(registry: Any, world: Any, requested: RequestedSets) -> None:
+def register_agreed_sets(registry: Any, world: Transport, requested: RequestedSets) -> None:
     """At engine setup, collective over ``world``: gather every rank's request, and
     register the global set (id 0) and then the agreed sets, in order, on every rank."""
-    size, rank = world.Get_size(), world.Get_rank()
+    size, rank = world.size, world.rank
     agreed = agree_on_sets(world.allgather(requested), size, {}, rank)
     for ranks in [tuple(range(size))] + agreed:
         registry.add(ranks, world)

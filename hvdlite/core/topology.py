@@ -1,4 +1,4 @@
-"""Rank layout: local (same node) and cross (same local rank) communicators.
+"""Rank layout: local (same node) and cross (same local rank) groups of the transport.
 
 The rule, in order:
 1. If the launcher states node identity and every rank can trust it, it wins:
@@ -7,7 +7,8 @@ The rule, in order:
    is, srun started each rank itself). This is what tells apart several slurmd
    "nodes" on one host. Under ``mpirun`` inside an allocation these variables
    describe the batch step, not the ranks, and fail the check.
-2. Otherwise ranks that share memory are one node: ``Split_type(COMM_TYPE_SHARED)``.
+2. Otherwise ranks that share memory are one node: ``Transport.split_node``
+   (MPI: ``Split_type(COMM_TYPE_SHARED)``).
 local_rank orders a node's ranks by global rank; cross_rank orders the nodes
 by their lowest global rank.
 """
@@ -17,7 +18,7 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
-from mpi4py import MPI
+from hvdlite.core.transport import Transport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -
     except ValueError:
         return
     if "SLURM_PROCID" in environ and tasks > 1 and world_size == 1:
+        from mpi4py import MPI      # an MPI-only check: MPI already runs when it is made
         from hvdlite.core.mpi_library import library_from_version
         from hvdlite.errors import HvdliteError
         library = library_from_version(MPI.Get_library_version())
@@ -65,25 +67,27 @@ def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -
             "needs pmi2, Open MPI pmix.)")
 
 
-def detect(comm: MPI.Comm, environ: Optional[Mapping[str, str]] = None) -> Topology:
+def detect(comm: Transport, environ: Optional[Mapping[str, str]] = None) -> Topology:
     """Collective over ``comm``: every rank must call it."""
     environ = os.environ if environ is None else environ
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = comm.rank, comm.size
     view = slurm_view(rank, size, environ)
     views = comm.allgather(view)
     trusted = all(v is not None for v in views) and len(set(views)) == size
     if trusted:
-        local = comm.Split(color=view[0], key=rank)
+        local = comm.split(view[0], key=rank)
         source = "slurm"
     else:
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        local = comm.split_node(key=rank)
         source = "shared-memory"
-    local_rank, local_size = local.Get_rank(), local.Get_size()
-    cross = comm.Split(color=local_rank, key=rank)
-    cross_rank, cross_size = cross.Get_rank(), cross.Get_size()
+    assert local is not None    # every rank passed a color
+    local_rank, local_size = local.rank, local.size
+    cross = comm.split(local_rank, key=rank)
+    assert cross is not None
+    cross_rank, cross_size = cross.rank, cross.size
     homogeneous = len(set(comm.allgather(local_size))) == 1
-    local.Free()
-    cross.Free()
+    local.free()
+    cross.free()
     return Topology(rank, size, local_rank, local_size, cross_rank, cross_size,
                     homogeneous, source)
 

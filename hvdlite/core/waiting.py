@@ -16,9 +16,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from mpi4py import MPI
-
 from hvdlite.core import liveness
+from hvdlite.core.transport import Pending
 
 _PR_SET_TIMERSLACK = 29
 # The wait schedule: spin in slices short enough to notice completion within a
@@ -29,7 +28,7 @@ _FIRST_PAUSE_S = 20e-6
 _LONGEST_PAUSE_FLOOR_S = 50e-6
 
 
-def all_done(requests: Sequence[MPI.Request]) -> bool:
+def all_done(requests: Sequence[Pending]) -> bool:
     """Whether every request has completed, testing each in turn (the GIL is released
     in each test). Not ``Testall``: MPICH 5.0.2's reports an error for a persistent
     collective (a round started from ``Allreduce_init``) that ``Test`` completes
@@ -166,8 +165,8 @@ class Batches:
 
 
 class RoundWaiter:
-    """Waits on MPI requests; ``on_tick(started, now)`` runs every liveness.TICK_S
-    once a wait has lasted (the stall inspector, the check for a lost peer)."""
+    """Waits on a transport's pending operations; ``on_tick(started, now)`` runs every
+    liveness.TICK_S once a wait has lasted (the stall inspector, the check for a lost peer)."""
 
     def __init__(self, config: Any, handles: Any, on_tick: Callable[[float, float], None],
                  doorbell: Doorbell, queued: Callable[[], int]) -> None:
@@ -177,7 +176,7 @@ class RoundWaiter:
         self._doorbell = doorbell
         self._queued = queued      # how many local requests wait for the next round
 
-    def wait(self, requests: Sequence[MPI.Request]) -> None:
+    def wait(self, requests: Sequence[Pending]) -> None:
         """Poll until every round completes, sleeping in growing pauses. While a user
         thread is blocked in synchronize(), or once local work arrives (a pause ends
         at its ring), the engine busy-polls instead (testing releases the GIL), for up

@@ -6,6 +6,7 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite.core.topology import detect
+from hvdlite.core.transport_mpi import MpiTransport
 
 
 def test_second_init_is_harmless() -> None:
@@ -24,25 +25,25 @@ def _fake_slurm(rank: int, size: int, nodes: int) -> dict[str, str]:
 
 
 def test_slurm_node_identity_wins_when_it_describes_every_rank() -> None:
-    comm = MPI.COMM_WORLD.Dup()
-    rank, size = comm.Get_rank(), comm.Get_size()
+    comm = MpiTransport(MPI.COMM_WORLD.Dup())
+    rank, size = comm.rank, comm.size
     nodes = 2 if size > 1 else 1
     topo = detect(comm, _fake_slurm(rank, size, nodes))
     per_node = -(-size // nodes)
     assert topo.source == "slurm"
     assert (topo.local_rank, topo.cross_rank) == (rank % per_node, rank // per_node)
     assert topo.cross_size == nodes and topo.local_size == per_node
-    comm.Free()
+    comm.free()
 
 
 def test_slurm_variables_of_a_batch_step_are_ignored() -> None:
     """mpirun inside an allocation: every rank sees the batch step's SLURM_PROCID=0,
     which is not its MPI rank, so shared memory decides (one node here)."""
-    comm = MPI.COMM_WORLD.Dup()
+    comm = MpiTransport(MPI.COMM_WORLD.Dup())
     batch_step = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0",
                   "SLURM_LOCALID": "0"}
     topo = detect(comm, batch_step)
     assert topo.source == "shared-memory"
-    assert topo.local_rank == comm.Get_rank() and topo.local_size == comm.Get_size()
+    assert topo.local_rank == comm.rank and topo.local_size == comm.size
     assert topo.cross_size == 1
-    comm.Free()
+    comm.free()

@@ -104,12 +104,16 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/failure.py": (60, [
         ("unit", "tests/unit/test_failure.py"),
         ("unit", "tests/unit/test_liveness.py -k sys_exit")]),
-    # The Monitor and the check in-process (the channel, gather and bcast on a one-rank
-    # world), then full negotiation rounds, which gather and broadcast, at -n 2.
+    # The Monitor and the check in-process, then full negotiation rounds at -n 2.
     "hvdlite/core/liveness.py": (60, [
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
                  "-k not(guard)and(not(sys_exit))"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
+    # MPI's transport: the channel, rounds and awaited gather and bcast on a one-rank world,
+    # then the conformance checks every transport passes, at -n 2.
+    "hvdlite/core/transport_mpi.py": (60, [
+        ("unit", "tests/unit/test_liveness_check.py tests/unit/test_registry.py"),
+        ("mpi2", "tests/mpi/test_transport_conformance.py")]),
     # Stand-in peers are child processes of the test, killed to play a rank that dies.
     "hvdlite/core/sentinel.py": (60, [
         ("unit", "tests/unit/test_sentinel.py")]),

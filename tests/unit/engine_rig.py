@@ -22,10 +22,11 @@ from mpi4py import MPI
 
 from hvdlite.config import Config
 from hvdlite.core import engine as engine_module
-from hvdlite.core import exit_guard, failure, liveness
+from hvdlite.core import exit_guard, failure
 from hvdlite.core.engine import Engine
 from hvdlite.core.negotiation import Report
 from hvdlite.core.requests import Descriptor, Kind, Request
+from hvdlite.core.transport_mpi import MpiTransport
 
 # Short idle waits; nothing outside the test process (no exit guard, no abort).
 QUIET = dict(cycle_time=1.0, exit_guard=False, abort_on_error=False)
@@ -41,7 +42,7 @@ class SafeComm(MPI.Intracomm):
 
 def engine_at_one_rank(**settings: Any) -> Engine:
     """An engine not yet started, over a private one-rank communicator."""
-    return Engine(Config(**{**QUIET, **settings}), SafeComm(MPI.COMM_SELF.Dup()))
+    return Engine(Config(**{**QUIET, **settings}), MpiTransport(SafeComm(MPI.COMM_SELF.Dup())))
 
 
 def set_up(**settings: Any) -> Engine:
@@ -103,14 +104,14 @@ class FullRounds:
 
     def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent: list[tuple[int, Report]] = []
-        real = liveness.gather
+        real = MpiTransport.gather_awaited
 
-        def gather(comm: MPI.Comm, report: Report, wait: Any) -> Optional[list[Any]]:
+        def gather(comm: MpiTransport, report: Report, wait: Any) -> Optional[list[Any]]:
             set_id = next(s.set_id for s in engine.registry.members() if s.comm is comm)
             self.sent.append((set_id, report))
             return real(comm, report, wait)
 
-        monkeypatch.setattr(liveness, "gather", gather)
+        monkeypatch.setattr(MpiTransport, "gather_awaited", gather)
 
     @property
     def sets(self) -> list[int]:
@@ -182,6 +183,7 @@ def log() -> Iterator[Records]:
 
 
 def rank_3_world(world: SimpleNamespace) -> SimpleNamespace:
-    """A communicator stand-in for an engine that is never set up: rank 3, whose
-    MPI_Abort is recorded."""
-    return SimpleNamespace(Get_rank=lambda: 3, Abort=lambda code: world.ends.append(("Abort", code)))
+    """A transport stand-in for an engine that is never set up: rank 3, whose abort
+    (MPI_Abort) is recorded."""
+    return SimpleNamespace(rank=3, failures=(MPI.Exception,),
+                           abort=lambda code: world.ends.append(("Abort", code)))

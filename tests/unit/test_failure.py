@@ -44,9 +44,9 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
     """A failure module whose aborts and exits are recorded, whose sleeps are
     recorded, and whose state is restored after the test."""
     fake = Ends()
-    world = SimpleNamespace(COMM_WORLD=SimpleNamespace(
-        Abort=fake.Abort, Get_rank=lambda: 5, Get_size=lambda: 8))
-    monkeypatch.setattr(failure, "MPI", world)
+    # The world as the transport seam leaves it before install(): MPI's COMM_WORLD.
+    monkeypatch.setattr(failure, "_abort_world", fake.Abort)
+    monkeypatch.setattr(failure, "_mpi_world_who", lambda: (5, 8))
     monkeypatch.setattr(failure, "os", SimpleNamespace(write=os.write, fsync=os.fsync,
                                                       _exit=fake._exit))
     monkeypatch.setattr(failure, "time", SimpleNamespace(sleep=lambda s: fake.calls.append(
@@ -183,6 +183,17 @@ def test_install_replaces_the_hooks_once_and_not_for_one_rank(ends: Ends, hooks:
     assert installed[0] is not before[0] and installed[1] is not before[1]
     failure.install(2, 3)                              # again: the same hooks
     assert (sys.excepthook, threading.excepthook) == installed and failure._who == (2, 3)
+
+
+def test_install_takes_the_transports_abort_for_every_later_abort(ends: Ends, hooks: list) -> None:
+    """A transport other than MPI ends the job its own way; without one, MPI_Abort."""
+    with pytest.raises(Aborted):
+        failure.abort_now(2)
+    ends.calls.clear()
+    failure.install(1, 3, abort=lambda status: ends.calls.append(("transport", status)))
+    with pytest.raises(Aborted):
+        failure.abort_now(4)
+    assert ends.calls == [("transport", 4), ("_exit", 4)]
 
 
 def test_the_hooks_abort_for_errors_but_not_for_a_thread_sys_exit(ends: Ends,

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from hvdlite.core import liveness
-from hvdlite.core.liveness import EXITED, RUNNING, Channel, Liveness, Monitor, Peer
+from hvdlite.core import liveness, transport_mpi
+from hvdlite.core.liveness import EXITED, RUNNING, Liveness, Monitor, Peer
+from hvdlite.core.transport_mpi import Channel, MpiTransport
 
 DOMAIN = ("vm", "boot-1", "pid:[4026531836]")
 
@@ -97,7 +98,7 @@ def test_a_peer_heard_from_is_not_silent() -> None:
 # -- on this process's own MPI world (one rank) -------------------------------------------------
 
 def test_liveness_starts_with_every_ranks_identity() -> None:
-    live = Liveness(MPI.COMM_WORLD, SimpleNamespace(peer_timeout=3.0))
+    live = Liveness(MpiTransport(MPI.COMM_WORLD), SimpleNamespace(peer_timeout=3.0))
     try:
         assert live.me == MPI.COMM_WORLD.Get_rank() and live.timeout == 3.0
         assert [p.pid for p in live.peers] == [os.getpid()] * MPI.COMM_WORLD.Get_size()
@@ -139,17 +140,17 @@ def test_a_ping_not_yet_delivered_is_not_sent_again() -> None:
 
 @pytest.mark.parametrize("obj", [{"a": [1, 2]}, "x" * 1000, None])
 def test_awaited_gather_and_bcast_on_one_rank(obj: object) -> None:
-    comm = MPI.COMM_SELF.Dup()
+    comm = MpiTransport(MPI.COMM_SELF.Dup())
     waited: list[int] = []
 
     def wait(requests: list) -> None:
         waited.append(len(requests))
         MPI.Request.Waitall(requests)
     try:
-        assert liveness.gather(comm, obj, wait) == [obj]
-        assert liveness.bcast(comm, obj, wait) == obj
+        assert comm.gather_awaited(obj, wait) == [obj]
+        assert comm.bcast_awaited(obj, wait) == obj
     finally:
-        comm.Free()
+        comm.free()
     assert waited == [1, 1, 1, 1]
 
 
@@ -211,9 +212,9 @@ def test_a_verdict_is_waited_for_at_most_half_a_second(monkeypatch: pytest.Monke
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    monkeypatch.setattr(liveness, "time", SimpleNamespace(monotonic=lambda: clock[0],
-                                                          sleep=sleep))
-    monkeypatch.setattr(liveness, "MPI", SimpleNamespace(Request=SimpleNamespace(
+    monkeypatch.setattr(transport_mpi, "time", SimpleNamespace(monotonic=lambda: clock[0],
+                                                               sleep=sleep))
+    monkeypatch.setattr(transport_mpi, "MPI", SimpleNamespace(Request=SimpleNamespace(
         Testall=lambda requests: False)))                  # never delivered: a broken peer
     channel = Channel.__new__(Channel)
     sent: list[tuple[int, str]] = []

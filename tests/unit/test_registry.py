@@ -15,10 +15,11 @@ from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, Proc
                                    Round, SetState, round_vector)
 from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
+from hvdlite.core.transport_mpi import MpiRound, MpiTransport
 
 
 class FakeComm:
-    """One rank's communicator: Dup and Split as MPI would answer on this rank, given
+    """One rank's transport: dup and split as MPI's would answer on this rank, given
     the global ranks of the set being split (``members``, set by the test)."""
 
     def __init__(self, rank: int, size: int, log: list) -> None:
@@ -26,23 +27,20 @@ class FakeComm:
         self.members: tuple[int, ...] = ()
         self.freed = False
 
-    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
-        return self.rank
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.size
-
-    def Dup(self) -> "FakeComm":  # noqa: N802
+    def dup(self) -> "FakeComm":
         self.log.append(("dup",))
         return FakeComm(self.rank, self.size, self.log)
 
-    def Split(self, color: int, key: int) -> Any:  # noqa: N802
+    def split(self, color: Optional[int], key: int) -> Optional["FakeComm"]:
         self.log.append(("split", color, key))
-        if color == MPI.UNDEFINED:
-            return MPI.COMM_NULL
+        if color is None:
+            return None
         return FakeComm(sorted(self.members).index(self.rank), len(self.members), self.log)
 
-    def Free(self) -> None:  # noqa: N802
+    def band_round(self, vector: Any) -> Any:
+        return SimpleNamespace(start=lambda: None, free=lambda: None)
+
+    def free(self) -> None:
         self.freed = True
 
 
@@ -73,7 +71,7 @@ def test_the_global_set_is_id_0_on_a_duplicate_of_the_world() -> None:
         assert r.log == [("dup",)]
         state = r.sets.member(0)
         assert state is not None and r.opened == [(0, state.comm)]
-        assert state.comm is not r.world and state.comm.Get_size() == 3
+        assert state.comm is not r.world and state.comm.size == 3
         assert (state.set_id, state.ranks, state.pending) == (0, (0, 1, 2), {})
         assert state.cache.capacity == 5
         # Only the set's rank 0 coordinates, for all the set's ranks.
@@ -88,7 +86,7 @@ def test_a_set_splits_the_world_and_its_first_member_coordinates() -> None:
     assert r.add((2, 3)) == 1
     assert r.log[-1] == ("split", 0, 2)               # ordered by world rank
     state = r.sets.member(1)
-    assert state is not None and state.comm.Get_size() == 2
+    assert state is not None and state.comm.size == 2
     assert state.coordinator is not None and state.coordinator.size == 2
     assert r.add((1, 2)) == 2
     state = r.sets.member(2)
@@ -100,7 +98,7 @@ def test_a_set_this_rank_is_not_in_is_known_but_not_joined() -> None:
     r = Registry(0, 4)
     r.add((0, 1, 2, 3))
     assert r.add((1, 3)) == 1
-    assert r.log[-1] == ("split", MPI.UNDEFINED, 0)
+    assert r.log[-1] == ("split", None, 0)
     assert r.sets.member(1) is None and r.sets.ranks_of(1) == (1, 3)
     assert r.sets.id_of([1, 3]) == 1 and r.sets.id_of((3, 1)) is None
     assert [i for i, _ in r.opened] == [0]
@@ -162,7 +160,7 @@ def set_state(cached: list[str], capacity: int = 130) -> SetState:
     for name in cached:
         desc = request(name).desc
         cache.insert(Response(desc), desc)
-    return SetState(1, (0, 1), None, cache, None)  # type: ignore[arg-type]
+    return SetState(1, (0, 1), FakeComm(0, 2, []), cache, None)  # type: ignore[arg-type]
 
 
 def expected(state: SetState, names: list[str], no_full_round: bool) -> list[int]:
@@ -247,7 +245,7 @@ def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
     """One rank: the persistent round (MPI-4 ``Allreduce_init``, as the MPICH and Open MPI
     wheels provide) reduces its vector in place each time it is started, and
     ``round_vector`` clears and fills that same vector for the next round."""
-    comm = MPI.COMM_SELF.Dup()
+    comm = MpiTransport(MPI.COMM_SELF.Dup())
     state = set_state(["a", "b"])
     state.comm, state.round = comm, Round(comm, 1 + state.cache.words)
     try:
@@ -263,7 +261,7 @@ def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
             assert vector.tolist() == expected(state, names, True)   # a BAND over one rank
     finally:
         state.round.free()
-        comm.Free()
+        comm.free()
 
 
 def test_without_persistent_collectives_each_round_posts_an_iallreduce() -> None:
@@ -276,7 +274,8 @@ def test_without_persistent_collectives_each_round_posts_an_iallreduce() -> None
             posted.append((send, vector, op))
             return "request"
     state = set_state(["a"])
-    state.comm, state.round = OldComm(), Round(OldComm(), 1 + state.cache.words)  # type: ignore[arg-type]
+    state.round._band = MpiRound(OldComm(), state.round.vector)  # type: ignore[arg-type]
+    state.round.start = state.round._band.start
     pend(state, "a")
     vector = round_vector(state, False, None)
     assert state.round.start() == "request"
@@ -304,7 +303,7 @@ def test_a_registered_set_rounds_over_every_bit_of_its_cache() -> None:
     """The round a set is registered with has room for the flag and every cache bit:
     the last bit of a full cache comes back from a round."""
     registry = ProcessSetRegistry(130, lambda set_id, comm: None, lambda set_id: None)
-    registry.add((0,), MPI.COMM_SELF)
+    registry.add((0,), MpiTransport(MPI.COMM_SELF))
     state = registry.member(GLOBAL_SET_ID)
     assert state is not None
     for i in range(130):
@@ -317,4 +316,4 @@ def test_a_registered_set_rounds_over_every_bit_of_its_cache() -> None:
         pass
     assert ResponseCache.bits_of(vector, 1) == [129]
     state.round.free()
-    state.comm.Free()
+    state.comm.free()

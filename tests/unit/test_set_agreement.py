@@ -11,6 +11,7 @@ from mpi4py import MPI
 from hvdlite.config import Config
 from hvdlite.core.engine import Engine
 from hvdlite.core.set_agreement import agree_on_sets
+from hvdlite.core.transport_mpi import MpiTransport
 from hvdlite.errors import UsageError
 from tests.unit.engine_rig import QUIET, SafeComm
 
@@ -58,10 +59,10 @@ def test_one_ranks_bad_argument_is_reported_on_every_rank() -> None:
 def test_engine_set_up_registers_the_agreed_sets_after_the_global_one() -> None:
     """At one rank the only set is the global one: asking for (0,) again is refused
     before anything is registered; asking for nothing registers the global set."""
-    engine = Engine(Config(**QUIET), SafeComm(MPI.COMM_SELF.Dup()), [(0,)])
+    engine = Engine(Config(**QUIET), MpiTransport(SafeComm(MPI.COMM_SELF.Dup())), [(0,)])
     with pytest.raises(UsageError, match="duplicates the global process set"):
         engine._setup()
     assert engine.registry.registered() == {}
-    engine = Engine(Config(**QUIET), SafeComm(MPI.COMM_SELF.Dup()), [])
+    engine = Engine(Config(**QUIET), MpiTransport(SafeComm(MPI.COMM_SELF.Dup())), [])
     engine._setup()
     assert engine.registry.registered() == {0: (0,)}

@@ -1,6 +1,6 @@
 """Rank layout without MPI: which source of node identity is trusted, the local and
 cross ranks it gives on uneven nodes (threads over a communicator that answers
-allgather, Split and Split_type as MPI would), and the srun misuse check."""
+allgather, split and split_node as MPI's transport would), and the srun misuse check."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,17 +29,13 @@ class Group:
 
 
 class SimComm:
-    """One rank's view of a Group; ``hosts[rank]`` is the host a rank runs on."""
+    """One rank's view of a Group, as a transport; ``hosts[rank]`` is the host a rank
+    runs on."""
 
     def __init__(self, group: Group, rank: int, hosts: list[str], freed: list) -> None:
         self.group, self.rank, self.hosts, self.freed = group, rank, hosts, freed
+        self.size = group.size
         self.splits = 0
-
-    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
-        return self.rank
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.group.size
 
     def allgather(self, value: Any) -> list:
         self.group.slots[self.rank] = value
@@ -48,7 +44,7 @@ class SimComm:
         self.group.barrier.wait()
         return out
 
-    def Split(self, color: Any, key: int) -> "SimComm":  # noqa: N802
+    def split(self, color: Any, key: int) -> "SimComm":
         entries = self.allgather((color, key, self.rank, self.hosts[self.rank]))
         mine = sorted((k, r, h) for c, k, r, h in entries if c == color)
         self.splits += 1
@@ -56,10 +52,10 @@ class SimComm:
         index = [r for _, r, _ in mine].index(self.rank)
         return SimComm(group, index, [h for _, _, h in mine], self.freed)
 
-    def Split_type(self, split_type: int, key: int) -> "SimComm":  # noqa: N802
-        return self.Split(self.hosts[self.rank], key)
+    def split_node(self, key: int) -> "SimComm":
+        return self.split(self.hosts[self.rank], key)
 
-    def Free(self) -> None:  # noqa: N802
+    def free(self) -> None:
         self.freed.append(self)
 
 

@@ -1,0 +1,275 @@
+"""torch.distributed as a transport (hvdlite/core/transport.py): what ``hvdlite.init()``
+runs on under ``torchrun``, with or without mpi4py installed. Negotiation, small objects
+and host data travel over Gloo process groups; liveness pings and verdicts over the
+job's key-value store (out of band: a peer stuck in a collective still gets them).
+
+Limits, by design of torch.distributed: a group is made by every process of the
+world (``new_group``), so only a transport spanning the world splits; and torch
+numbers a group's ranks in global order, so a split with another key order is
+renumbered here (``members``). Data on host NumPy buffers only (CUDA tensors are
+staged through the host by the executor, not sent over NCCL).
+"""
+from __future__ import annotations
+
+import array
+import os
+import pickle
+import socket
+from typing import Any, Hashable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hvdlite.core.transport import Await, check_data_op
+from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.reduce_op import ReduceOp
+
+_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
+        ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+
+
+class TorchPending:
+    """A torch Work as a Pending; holds the tensors the operation reads or writes, which
+    must outlive it. A failed operation raises from the ``Test`` that sees it end."""
+
+    def __init__(self, work: Any, *keep: Any) -> None:
+        self._work, self._keep = work, keep
+        self._done = False
+
+    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
+        if not self._done and self._work.is_completed():
+            self._work.wait()
+            self._done, self._keep = True, ()
+        return self._done
+
+    def wait(self) -> None:
+        """Blocking, for the data collectives (the engine is inside one anyway)."""
+        self._work.wait()
+        self._done, self._keep = True, ()
+
+
+class TorchRound:
+    def __init__(self, group: Any, vector: array.array) -> None:
+        self._group = group
+        # The vector's own memory: the reduction lands where the engine reads it.
+        # int64, not uint64: Gloo's bitwise AND is the same on either.
+        self._tensor = torch.frombuffer(vector, dtype=torch.int64)
+
+    def start(self) -> TorchPending:
+        work = dist.all_reduce(self._tensor, op=dist.ReduceOp.BAND, group=self._group,
+                               async_op=True)
+        return TorchPending(work, self._tensor)
+
+    def free(self) -> None:
+        pass
+
+
+class StoreChannel:
+    """Pings and verdicts as counters and values in the store: ``ping/<to>/<from>``
+    counts pings, ``told/<to>/<from>`` verdicts, ``verdict/<to>/<from>`` holds the last.
+    Each drain reads 2(P-1) counters; it runs only while a round is overdue."""
+
+    def __init__(self, store: Any, prefix: str, me: int, size: int) -> None:
+        self._store, self._prefix, self._me = store, prefix, me
+        self._others = [r for r in range(size) if r != me]
+        self._pings = dict.fromkeys(self._others, 0)
+        self._told = dict.fromkeys(self._others, 0)
+
+    def _key(self, what: str, to: int, source: int) -> str:
+        return f"{self._prefix}/{what}/{to}/{source}"
+
+    def ping(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self._store.add(self._key("ping", rank, self._me), 1)
+
+    def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
+        heard: set[int] = set()
+        verdicts: list[tuple[int, str]] = []
+        for peer in self._others:
+            pings = self._store.add(self._key("ping", self._me, peer), 0)
+            if pings != self._pings[peer]:
+                self._pings[peer] = pings
+                heard.add(peer)
+            told = self._store.add(self._key("told", self._me, peer), 0)
+            if told != self._told[peer]:
+                self._told[peer] = told
+                heard.add(peer)
+                text = self._store.get(self._key("verdict", self._me, peer))
+                verdicts.append((peer, text.decode("utf-8", "replace")))
+        return heard, verdicts
+
+    def tell(self, ranks: Sequence[int], text: str) -> None:
+        for rank in ranks:
+            self._store.set(self._key("verdict", rank, self._me), text)
+            self._store.add(self._key("told", rank, self._me), 1)   # after: the text is there
+
+
+class TorchTransport:
+    name = "gloo"
+    failures: tuple[type[BaseException], ...] = (RuntimeError,)   # torch's DistBackendError too
+
+    def __init__(self, group: Any, members: Sequence[int]) -> None:
+        self.group, self.members = group, list(members)    # global ranks, in our rank order
+        self.rank, self.size = self.members.index(dist.get_rank()), len(self.members)
+        self.native = self       # the backends run on this transport's data collectives
+        ordered = sorted(self.members)
+        self._torch_index = [ordered.index(g) for g in self.members]   # ours -> torch's
+
+    # As ``native``, this transport is what the executor and backends open a set on:
+    # they read its geometry by mpi4py's names, as they do an MPI communicator's.
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def _ours(self, by_torch_rank: Sequence[Any]) -> list[Any]:
+        return [by_torch_rank[i] for i in self._torch_index]
+
+    def band_round(self, vector: array.array) -> TorchRound:
+        return TorchRound(self.group, vector)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return self._ours(out)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.members[root], group=self.group)
+        return box[0]
+
+    def _gather_bytes(self, data: bytes, wait: Await) -> list[bytes]:
+        """Every rank's bytes, in our rank order, on every rank: Gloo's all_gather wants
+        equal sizes, so the sizes first, then the data padded to the longest."""
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        mine = torch.tensor([len(data)], dtype=torch.int64)
+        wait([TorchPending(dist.all_gather(sizes, mine, group=self.group, async_op=True))])
+        longest = max(int(s[0]) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
+        wait([TorchPending(dist.all_gather(out, padded, group=self.group, async_op=True))])
+        return self._ours([o[: int(s[0])].numpy().tobytes() for o, s in zip(out, sizes)])
+
+    def gather_awaited(self, obj: Any, wait: Await) -> Optional[list[Any]]:
+        parts = self._gather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), wait)
+        return [pickle.loads(p) for p in parts] if self.rank == 0 else None
+
+    def bcast_awaited(self, obj: Any, wait: Await) -> Any:
+        root = self.members[0]
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if self.rank == 0 else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        wait([TorchPending(dist.broadcast(size, src=root, group=self.group, async_op=True))])
+        buf = torch.zeros(int(size[0]), dtype=torch.uint8)
+        if self.rank == 0:
+            buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        wait([TorchPending(dist.broadcast(buf, src=root, group=self.group, async_op=True))])
+        return obj if self.rank == 0 else pickle.loads(buf.numpy().tobytes())
+
+    def _split(self, color: Optional[Hashable], key: int) -> Optional[TorchTransport]:
+        if self.size != dist.get_world_size():
+            raise HvdliteError(
+                f"rank {self.rank}: a torch.distributed group is made by every process "
+                f"of the world, so only a transport of all {dist.get_world_size()} ranks "
+                f"splits, not one of {self.size}; split the world transport instead")
+        entries = self.allgather((color, key))
+        mine = None
+        for each in sorted({c for c, _ in entries if c is not None}, key=repr):
+            members = [self.members[i] for _, i in
+                       sorted((k, i) for i, (c, k) in enumerate(entries) if c == each)]
+            group = dist.new_group(ranks=members, backend="gloo")   # every process, each group
+            if each == color:
+                mine = TorchTransport(group, members)
+        return mine
+
+    def dup(self) -> TorchTransport:
+        twin = self._split(0, self.rank)
+        assert twin is not None
+        return twin
+
+    def split(self, color: Optional[int], key: int) -> Optional[TorchTransport]:
+        return self._split(color, key)
+
+    def split_node(self, key: int) -> TorchTransport:
+        node = self._split(("host", socket.gethostname()), key)
+        assert node is not None
+        return node
+
+    def free(self) -> None:
+        """Nothing: torch frees its groups with the default group, at shutdown."""
+
+    def liveness_channel(self) -> StoreChannel:
+        # A prefix of the session's own (rank 0's random token): a second init() in
+        # this process, or a restarted job on the same store, starts from zero.
+        token = self.bcast(os.urandom(8).hex() if self.rank == 0 else None)
+        store = dist.distributed_c10d._get_default_store()   # the job's rendezvous store
+        return StoreChannel(store, f"hvdlite/{token}", self.rank, self.size)
+
+    def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
+        check_data_op(self.rank, op)
+        dist.all_reduce(_tensor(buf, self.rank), op=_OPS[op], group=self.group)
+
+    def broadcast_array(self, buf: np.ndarray, root: int) -> None:
+        raw = buf.reshape(-1).view(np.uint8)     # any dtype travels as bytes
+        dist.broadcast(torch.from_numpy(raw), src=self.members[root], group=self.group)
+
+    def allgather_array(self, send: np.ndarray, recv: np.ndarray,
+                        counts: Sequence[int]) -> None:
+        item = send.itemsize
+        parts = self._gather_bytes(send.tobytes(), _block)
+        if [len(p) for p in parts] != [int(c) * item for c in counts]:
+            raise HvdliteError(f"rank {self.rank}: allgather counts {list(counts)} do not "
+                               f"match the parts sent ({[len(p) // item for p in parts]})")
+        recv.reshape(-1).view(np.uint8)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+    def abort(self, status: int) -> None:
+        """End this process: torchrun's agent then stops every other rank of the job."""
+        os._exit(status)
+
+
+def _block(pending: Sequence[TorchPending]) -> None:
+    for each in pending:
+        each.wait()
+
+
+def _tensor(buf: np.ndarray, rank: int) -> torch.Tensor:
+    try:
+        return torch.from_numpy(buf.reshape(-1))
+    except TypeError as error:
+        raise HvdliteError(f"rank {rank}: torch cannot reduce {buf.dtype} arrays "
+                           f"({error}); reduce a wider type") from error
+
+
+# -- opening the world (hvdlite.init under torchrun) -------------------------------------------
+def launched(environ: Any = None) -> bool:
+    """Whether torchrun (torch.distributed.run) started this process."""
+    return "TORCHELASTIC_RUN_ID" in (os.environ if environ is None else environ)
+
+
+def initialize() -> None:
+    """The default process group, over Gloo, from torchrun's variables; one the program
+    made itself (any backend) is used as it is."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def world_rank() -> int:
+    return dist.get_rank()
+
+
+def open_world(comm: Any) -> TorchTransport:
+    if comm is not None:
+        raise UsageError(f"rank {dist.get_rank()}: init(comm=...) names MPI ranks or "
+                         "communicators; under torchrun hvdlite runs on every rank of the "
+                         "job: call hvdlite.init() without comm")
+    from hvdlite.backends.on_transport import TransportBackend
+    from hvdlite.core import devices
+    devices.register_backend(TransportBackend)
+    group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return TorchTransport(group, range(dist.get_world_size()))
+
+
+def threads_multiple() -> bool:
+    return False     # no MPI here; the program's own torch.distributed calls are its own

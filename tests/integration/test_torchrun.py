@@ -1,0 +1,75 @@
+"""hvdlite under torchrun, on torch.distributed's transport (hvdlite/core/transport_torch.py):
+the transport conformance checks, and hvdlite's collectives on a machine without
+mpi4py (hidden by tests/integration/no_mpi4py)."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed", reason="torchrun needs torch")
+ROOT = Path(__file__).resolve().parents[2]
+NO_MPI4PY = Path(__file__).resolve().parent / "no_mpi4py"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool = True,
+             module: str = "tests.integration.torchrun_jobs", **settings: str) -> str:
+    """The job's output; within 120 s it must end with status 0 (``succeeds``) or not."""
+    path = [str(NO_MPI4PY)] if without_mpi4py else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(ROOT)]), OMP_NUM_THREADS="1",
+               **settings)
+    # The agent looks at its workers every 5 s, not 0.1: a job whose rank exits is
+    # ended by it, and the survivors must get to say what they saw first.
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--monitor-interval=5",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+               "-m", module, job]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    output = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == succeeds, output
+    return output
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_torch_distributed_passes_the_transport_conformance_checks(nproc: int) -> None:
+    from tests.transport_conformance import CHECKS
+    output = torchrun("conformance", nproc)
+    for rank in range(nproc):
+        for check in CHECKS:
+            assert f"PASS rank {rank} {check.__name__}" in output, output
+
+
+def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
+    """Three ranks, so that the process set of the first and last is not the world."""
+    output = torchrun("collectives", 3, without_mpi4py=True)
+    for rank in range(3):
+        assert f"OK rank {rank} of 3 mpi4py_loaded=False local={rank}/3" in output, output
+
+
+def test_a_rank_that_exits_is_a_lost_peer_on_every_survivor() -> None:
+    output = torchrun("lost_peer", 3, succeeds=False)
+    for rank in (0, 2):
+        lost = rf"LOST rank {rank}: rank {rank}: lost a peer: rank 1 \(pid \d+ on \S+\) exited"
+        assert re.search(lost, output), output
+
+
+def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() -> None:
+    """The MPI jobs' own program (tests/integration/jobs.py), here under torchrun."""
+    output = torchrun("stall_shutdown", 2, True, module="tests.integration.jobs",
+                      HVDLITE_STALL_CHECK_TIME="0.5", HVDLITE_STALL_SHUTDOWN_TIME="1.5")
+    for rank in range(2):
+        assert f"STALL_ERROR rank {rank}" in output, output
+    assert "'lonely'" in output and "missing ranks: [1]" in output

@@ -1,0 +1,75 @@
+"""Jobs that tests/integration/test_torchrun.py runs under torchrun, one process per
+rank: ``python -m tests.integration.torchrun_jobs JOB``. Each rank prints its lines
+in one write each."""
+from __future__ import annotations
+
+import sys
+import traceback
+
+import numpy as np
+
+
+def conformance() -> None:
+    """Every transport conformance check on torch.distributed's transport."""
+    from hvdlite.core import transport_torch
+    from tests import transport_conformance
+    transport_torch.initialize()
+    world = transport_torch.open_world(None)
+    for check in transport_conformance.CHECKS:
+        try:
+            check(world)
+            print(f"PASS rank {world.rank} {check.__name__}", flush=True)
+        except Exception:   # noqa: BLE001 (reported, then the job fails)
+            print(f"FAIL rank {world.rank} {check.__name__}\n{traceback.format_exc()}",
+                  flush=True)
+            raise
+
+
+def collectives() -> None:
+    """hvdlite's API on the torch transport: values every rank can check."""
+    import hvdlite as hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    total = hvd.allreduce(np.arange(4.0) + rank, op=hvd.Sum, name="sum")
+    mean = hvd.allreduce(np.full(3, float(rank)), name="mean")
+    low = hvd.allreduce(np.array([rank + 5], dtype=np.int32), op=hvd.Min, name="min")
+    root = hvd.broadcast(np.full(2, rank + 10.0), root_rank=size - 1, name="bcast")
+    rows = hvd.allgather(np.full((rank + 1, 2), rank), name="gather")
+    obj = hvd.broadcast_object({"from": rank}, root_rank=0)
+    assert total.tolist() == [size * i + size * (size - 1) / 2 for i in range(4)]
+    assert mean.tolist() == [(size - 1) / 2] * 3 and low.tolist() == [5]
+    assert root.tolist() == [size + 9.0] * 2 and obj == {"from": 0}
+    assert rows.tolist() == [[r, r] for r in range(size) for _ in range(r + 1)]
+    assert hvd.gloo_built() and hvd.gloo_enabled() and not hvd.mpi_enabled()
+    # A process set of the first and last ranks: split on torch, negotiated on its own.
+    ends = hvd.add_process_set([0, size - 1])
+    if rank in (0, size - 1):
+        pair = hvd.allreduce(np.array([rank + 1.0]), op=hvd.Sum, name="pair", process_set=ends)
+        assert pair.tolist() == [float(size + 1)]
+    assert hvd.remove_process_set(ends)
+    print(f"OK rank {rank} of {size} mpi4py_loaded={'mpi4py' in sys.modules} "
+          f"local={hvd.local_rank()}/{hvd.local_size()}", flush=True)
+    hvd.shutdown()
+
+
+def lost_peer() -> None:
+    """Rank 1 exits after a first allreduce; the others' next one must fail with
+    PeerLostError (found by the liveness check over the store and /proc)."""
+    import os
+    import time
+
+    import hvdlite as hvd
+    hvd.init()
+    hvd.allreduce(np.ones(1), name="warm")
+    if hvd.rank() == 1:
+        time.sleep(0.5)
+        os._exit(3)
+    try:
+        hvd.allreduce(np.ones(1), name="after")
+    except hvd.PeerLostError as error:
+        print(f"LOST rank {hvd.rank()}: {error}", flush=True)
+
+
+if __name__ == "__main__":
+    {"conformance": conformance, "collectives": collectives,
+     "lost_peer": lost_peer}[sys.argv[1]]()

@@ -1,0 +1,254 @@
+"""The in-process transport: threads as ranks, the second implementation of
+hvdlite/core/transport.py (MPI is the first), held to the same conformance checks
+(tests/transport_conformance.py).
+
+Collectives are matched by their position in each rank's sequence of calls on a
+group (MPI's rule: every rank calls a group's collectives in the same order); a
+started one completes once every rank of the group has posted its part, so the
+non-blocking ones (the negotiation round, the awaited gather and bcast) really are:
+``Test`` is true only then. Objects travel pickled, so each rank gets its own copy
+as under MPI. ``native`` is a tests/unit/fake_comm.ThreadComm over the same ranks,
+the fake the host backends' unit tests run on.
+"""
+from __future__ import annotations
+
+import array
+import collections
+import pickle
+import threading
+import time
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import numpy as np
+
+from hvdlite.core.transport import Await, check_data_op
+from hvdlite.reduce_op import ReduceOp
+from tests.unit.fake_comm import ThreadComm, ThreadWorld
+
+TIMEOUT = 10.0
+_PING, _VERDICT = "ping", "verdict"
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+           ReduceOp.PRODUCT: np.multiply}
+
+
+class FakeTransportError(Exception):
+    """A collective that cannot complete: a rank never came, or parts do not match."""
+
+
+class Hub:
+    """What the ranks of one group share."""
+
+    def __init__(self, size: int, hosts: Sequence[str], broken: threading.Event) -> None:
+        self.size, self.hosts, self.broken = size, list(hosts), broken
+        self.cond = threading.Condition()
+        self.ops: dict[int, list[Any]] = {}          # sequence number -> posted parts
+        self.taken: dict[int, int] = collections.Counter()
+        self.children: dict[Hashable, Hub] = {}
+        self.inboxes = [collections.deque() for _ in range(size)]   # liveness messages
+        self.native_world = ThreadWorld(size)
+        self.aborts: list[tuple[int, int]] = []
+
+    def child(self, key: Hashable, hosts: Sequence[str]) -> "Hub":
+        with self.cond:
+            if key not in self.children:
+                self.children[key] = Hub(len(hosts), hosts, self.broken)
+            return self.children[key]
+
+
+class FakePending:
+    """One rank's part in a started collective; ``finish(parts)`` runs once, on the
+    first ``Test`` that finds every part posted."""
+
+    def __init__(self, hub: Hub, seq: int, finish: Callable[[list[Any]], None]) -> None:
+        self._hub, self._seq, self._finish = hub, seq, finish
+        self.done = False
+
+    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
+        if self.done:
+            return True
+        hub = self._hub
+        if hub.broken.is_set():
+            raise FakeTransportError("another rank failed")
+        with hub.cond:
+            parts = hub.ops[self._seq]
+            if any(p is _MISSING for p in parts):
+                return False
+            hub.taken[self._seq] += 1
+            if hub.taken[self._seq] == hub.size:     # the last reader frees the slot
+                del hub.ops[self._seq], hub.taken[self._seq]
+        self._finish(list(parts))
+        self.done = True
+        return True
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not self.Test():
+            if time.monotonic() > deadline:
+                raise FakeTransportError(f"collective {self._seq} never completed")
+            time.sleep(1e-4)
+
+
+_MISSING = object()
+
+
+class FakeRound:
+    def __init__(self, transport: "ThreadTransport", vector: array.array) -> None:
+        self._t, self._vector = transport, vector
+
+    def start(self) -> FakePending:
+        def finish(parts: list[Any]) -> None:
+            words = [np.frombuffer(p, dtype=np.uint64) for p in parts]
+            np.frombuffer(self._vector, dtype=np.uint64)[:] = np.bitwise_and.reduce(words)
+        return self._t._post(self._vector.tobytes(), finish)
+
+    def free(self) -> None:
+        pass
+
+
+class FakeChannel:
+    def __init__(self, hub: Hub, rank: int) -> None:
+        self._hub, self._rank = hub, rank
+
+    def ping(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self._hub.inboxes[rank].append((self._rank, _PING, None))
+
+    def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
+        inbox = self._hub.inboxes[self._rank]
+        heard: set[int] = set()
+        verdicts: list[tuple[int, str]] = []
+        while inbox:
+            source, tag, text = inbox.popleft()
+            heard.add(source)
+            if tag == _VERDICT:
+                verdicts.append((source, text))
+        return heard, verdicts
+
+    def tell(self, ranks: Sequence[int], text: str) -> None:
+        for rank in ranks:
+            self._hub.inboxes[rank].append((self._rank, _VERDICT, text))
+
+
+class ThreadTransport:
+    name = "threads"
+    failures: tuple[type[BaseException], ...] = (FakeTransportError,)
+
+    def __init__(self, hub: Hub, rank: int) -> None:
+        self.hub, self.rank, self.size = hub, rank, hub.size
+        self.native = ThreadComm(hub.native_world, rank)
+        self._seq = 0
+
+    # -- matching ------------------------------------------------------------------
+    def _post(self, part: Any, finish: Callable[[list[Any]], None]) -> FakePending:
+        seq, self._seq = self._seq, self._seq + 1
+        hub = self.hub
+        with hub.cond:
+            parts = hub.ops.setdefault(seq, [_MISSING] * hub.size)
+            parts[self.rank] = part
+        return FakePending(hub, seq, finish)
+
+    def _exchange(self, part: Any) -> list[Any]:
+        result: list[Any] = []
+        self._post(part, result.extend).wait()
+        return result
+
+    # -- the protocol ------------------------------------------------------------------
+    def band_round(self, vector: array.array) -> FakeRound:
+        return FakeRound(self, vector)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [pickle.loads(p) for p in self._exchange(pickle.dumps(obj))]
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        parts = self._exchange(pickle.dumps(obj) if self.rank == root else None)
+        return pickle.loads(parts[root])
+
+    def gather_awaited(self, obj: Any, wait: Await) -> Optional[list[Any]]:
+        result: list[Any] = []
+        wait([self._post(pickle.dumps(obj), result.extend)])
+        return [pickle.loads(p) for p in result] if self.rank == 0 else None
+
+    def bcast_awaited(self, obj: Any, wait: Await) -> Any:
+        result: list[Any] = []
+        wait([self._post(pickle.dumps(obj) if self.rank == 0 else None, result.extend)])
+        return pickle.loads(result[0])
+
+    def _split(self, color: Optional[Hashable], key: int) -> Optional["ThreadTransport"]:
+        token = self._seq                     # the same on every rank: names the new group
+        entries = self._exchange((color, key))
+        if color is None:
+            return None
+        members = [r for _, r in sorted((k, r) for r, (c, k) in enumerate(entries)
+                                        if c == color)]
+        hub = self.hub.child((token, color), [self.hub.hosts[r] for r in members])
+        return ThreadTransport(hub, members.index(self.rank))
+
+    def dup(self) -> "ThreadTransport":
+        twin = self._split(0, self.rank)
+        assert twin is not None
+        return twin
+
+    def split(self, color: Optional[int], key: int) -> Optional["ThreadTransport"]:
+        return self._split(color, key)
+
+    def split_node(self, key: int) -> "ThreadTransport":
+        node = self._split(("host", self.hub.hosts[self.rank]), key)
+        assert node is not None
+        return node
+
+    def free(self) -> None:
+        pass
+
+    def liveness_channel(self) -> FakeChannel:
+        return FakeChannel(self.dup().hub, self.rank)   # a context of its own, as MPI's Dup
+
+    def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
+        check_data_op(self.rank, op)
+        parts = self._exchange(buf.copy())
+        if any(p.dtype != buf.dtype or p.shape != buf.shape for p in parts):
+            raise FakeTransportError(f"rank {self.rank}: ranks reduce different buffers")
+        result = parts[0].copy()
+        for part in parts[1:]:
+            _UFUNCS[op](result, part, out=result)
+        buf[...] = result
+
+    def broadcast_array(self, buf: np.ndarray, root: int) -> None:
+        buf[...] = self._exchange(buf.copy() if self.rank == root else None)[root]
+
+    def allgather_array(self, send: np.ndarray, recv: np.ndarray,
+                        counts: Sequence[int]) -> None:
+        parts = self._exchange(send.copy())
+        if [p.size for p in parts] != list(counts) or recv.size != sum(counts):
+            raise FakeTransportError(f"rank {self.rank}: counts {list(counts)} do not match")
+        recv[...] = np.concatenate(parts)
+
+    def abort(self, status: int) -> None:
+        self.hub.aborts.append((self.rank, status))
+
+
+def run_transports(size: int, work: Callable[[ThreadTransport], Any],
+                   hosts: Optional[Sequence[str]] = None,
+                   make: Callable[[Hub, int], ThreadTransport] = ThreadTransport) -> list[Any]:
+    """``work(transport)`` on every rank of a fresh world, a thread each; results in
+    rank order. Any rank's exception is raised once every thread has ended (the others
+    fail fast: a broken world fails their waits)."""
+    hub = Hub(size, hosts or ["vm"] * size, threading.Event())
+    results: list[Any] = [None] * size
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = work(make(hub, rank))
+        except BaseException as error:   # noqa: BLE001 (reported below)
+            errors.append(error)
+            hub.broken.set()
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(4 * TIMEOUT)
+    if errors:
+        first = next((e for e in errors if not isinstance(e, FakeTransportError)), errors[0])
+        raise first
+    assert not any(t.is_alive() for t in threads), "a rank never finished"
+    return results
