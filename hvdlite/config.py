@@ -1,7 +1,7 @@
 """The one table of ``HVDLITE_*`` variables: name, default, parser and doc.
 
 Every knob hvdlite reads from the environment is declared here and nowhere
-else; the README's variable table is checked against this list by a test.
+else; the configuration page (docs/configuration.md) is generated from this list.
 Values resolve as: explicit argument > environment > default. A misspelt
 ``HVDLITE_`` variable is reported (it would otherwise be silently ignored).
 
@@ -20,84 +20,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import re
 from typing import Any, Callable, Mapping, Optional
 
 from hvdlite import horovod_env
+from hvdlite.config_values import (  # noqa: F401  (also importable from here)
+    parse_bytes,
+    parse_bool,
+    parse_nonneg_float,
+    parse_nonneg_int,
+    parse_positive_int,
+    parse_backends,
+    _choice)
 from hvdlite.errors import ConfigError
 
 _log = logging.getLogger("hvdlite")
-
-_SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-                  "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
-
-
-def parse_bytes(text: str) -> int:
-    """``"65536"``, ``"64K"``, ``"64MiB"`` -> bytes (binary units)."""
-    stripped = text.strip().lower()
-    digits = stripped.rstrip("kmgib")
-    suffix = stripped[len(digits):]
-    if suffix not in _SIZE_SUFFIXES:
-        raise ValueError(f"unknown size suffix {suffix!r}")
-    number = float(digits)
-    if not math.isfinite(number):   # int() of it would raise OverflowError, not ValueError
-        raise ValueError("a size must be a finite number")
-    value = int(number * _SIZE_SUFFIXES[suffix])
-    if value < 0:
-        raise ValueError("a size cannot be negative")
-    return value
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected 1/0, true/false, yes/no or on/off")
-
-
-def parse_nonneg_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:    # nan and inf: timers that never fire
-        raise ValueError("must be a finite number >= 0")
-    return value
-
-
-def parse_nonneg_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def parse_positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
-
-
-def parse_backends(text: str) -> str:
-    """HVDLITE_BACKENDS: comma-separated ``name`` or ``device:name`` (names are checked
-    against the backend registry at init)."""
-    items = [item.strip().lower() for item in text.split(",") if item.strip()]
-    bad = [item for item in items if not re.fullmatch(r"([^:]+:)?[^:]+", item)]
-    if bad:
-        raise ValueError(f"{bad[0]!r} is not a backend name or device:name")
-    return ",".join(items)
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}")
-        return value
-    return parse
-
 
 @dataclasses.dataclass(frozen=True)
 class Option:

@@ -1,0 +1,76 @@
+"""How a setting's text is read: the parsers ``hvdlite.config`` declares its knobs with.
+Each raises ValueError with what it expected; ``Config.load`` turns that into a
+ConfigError naming the variable and its value."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable
+
+_SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+                  "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"65536"``, ``"64K"``, ``"64MiB"`` -> bytes (binary units)."""
+    stripped = text.strip().lower()
+    digits = stripped.rstrip("kmgib")
+    suffix = stripped[len(digits):]
+    if suffix not in _SIZE_SUFFIXES:
+        raise ValueError(f"unknown size suffix {suffix!r}")
+    number = float(digits)
+    if not math.isfinite(number):   # int() of it would raise OverflowError, not ValueError
+        raise ValueError("a size must be a finite number")
+    value = int(number * _SIZE_SUFFIXES[suffix])
+    if value < 0:
+        raise ValueError("a size cannot be negative")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
+
+
+def parse_nonneg_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:    # nan and inf: timers that never fire
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def parse_nonneg_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def parse_backends(text: str) -> str:
+    """HVDLITE_BACKENDS: comma-separated ``name`` or ``device:name`` (names are checked
+    against the backend registry at init)."""
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if not re.fullmatch(r"([^:]+:)?[^:]+", item)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a backend name or device:name")
+    return ",".join(items)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value
+    return parse
