@@ -59,9 +59,9 @@ _TUNER: list["Tuner"] = []     # the running tuner, if any (a list: no global st
 def follow(setting: str, callback: Callable[[Any], None]) -> Callable[[], None]:
     """Register ``callback(value)``, called on every rank at the step boundary where
     autotune changes ``setting`` (after the engine has it). A setting outside the
-    engine is tried only while something follows it: the torch optimizer would
-    register ``follow("bucket_bytes", ...)`` and lay its buckets out again at its
-    next synchronize. A bound method is held weakly: its object may be dropped without
+    engine is tried only while something follows it: the torch optimizer and the
+    reducer's gradient lists register ``follow("bucket_bytes", ...)`` and lay their
+    buckets out again when the next gradient arrives. A bound method is held weakly: its object may be dropped without
     unregistering. Returns a function that unregisters ``callback``."""
     reference: Callable[[], Optional[Callable[[Any], None]]]
     if inspect.ismethod(callback):

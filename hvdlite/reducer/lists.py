@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Sequence
 
+from hvdlite.api import autotune
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.errors import UsageError
 from hvdlite.reducer.buckets import Reducer, Spec
@@ -29,6 +30,12 @@ class GradientLists:
         # By id; the dict keeps the variables alive, so their ids stay unique.
         self.local: dict[int, Any] = {}
         self._reducers: dict[Hashable, Reducer] = {}
+        # HVDLITE_AUTOTUNE may try other bucket sizes: each change (on every rank, at the
+        # same step boundary) lays the buckets out again at the next call.
+        autotune.follow("bucket_bytes", self._bucket_bytes_changed)
+
+    def _bucket_bytes_changed(self, bucket_bytes: int) -> None:
+        self._reducers.clear()
 
     @property
     def groups(self) -> Any:

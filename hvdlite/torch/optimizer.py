@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 import hvdlite as _hvd
-from hvdlite.api import report as _report
+from hvdlite.api import autotune as _autotune, report as _report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteError, UsageError
@@ -116,6 +116,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._outside = self._settings.outside()
         self._hook_handles = [] if self._outside else [
             p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+        if not self._outside:     # HVDLITE_AUTOTUNE may try other bucket sizes
+            _autotune.follow("bucket_bytes", self._bucket_bytes_changed)
 
     # -- the wrapped optimizer's data, shared rather than copied ------------------------------
     @property
@@ -171,6 +173,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             except HvdliteError as error:
                 self._unagreed = error
         return self._reducer
+
+    def _bucket_bytes_changed(self, bucket_bytes: int) -> None:
+        """Autotune changed HVDLITE_BUCKET_BYTES, on every rank at the same step boundary
+        (nothing is in flight there): the layout is made again, and agreed again, when
+        the next gradient arrives; a .grad still viewing an old bucket is copied in."""
+        self._reducer = None
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         reducer = self._agreed_reducer()

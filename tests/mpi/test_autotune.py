@@ -128,7 +128,34 @@ def _observed_plan(observed: Observed) -> list[Knob]:
     """Candidates that move the gradients through different code: the ring at every
     size (in tiny chunks) against MPI's Allreduce, fusion on and off."""
     return [Knob("ring_threshold", (0, NO_RING)), Knob("ring_chunk", (64, 256 << 10)),
+            Knob("bucket_bytes", (64, 25 << 20)),     # one bucket per gradient, or one in all
             Knob("fusion_threshold", (0, 64 << 20)), Knob("direct_threshold", (64, 1 << 20))]
+
+
+def test_the_torch_optimizer_lays_its_buckets_out_again_when_autotune_changes_their_size(
+        restored: None) -> None:
+    torch = pytest.importorskip("torch")
+    import hvdlite.torch as hvd_torch
+    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Linear(16, 3))
+    hvd_torch.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                               named_parameters=model.named_parameters())
+
+    def step() -> int:
+        optimizer.zero_grad()
+        model(torch.full((2, 5), float(hvd.rank()))).sum().backward()   # ranks differ
+        optimizer.step()
+        return len(optimizer._reducer.buckets)
+
+    assert step() == 1                                   # 25 MiB: one bucket for all four
+    clock = FakeClock(lambda rank, c: 0.02 if c.bucket_bytes == 64 else 0.03)
+    tuner = _tuner(clock, [Knob("bucket_bytes", (64, 25 << 20))], bucket_bytes=25 << 20)
+    while not tuner.finished:
+        step()
+        clock.step()
+        tuner.step_done()
+    assert runtime.config().bucket_bytes == 64 and step() == 4    # a bucket per gradient
+    _same_everywhere([p.detach().numpy().tobytes() for p in model.parameters()])
 
 
 def test_autotuned_training_reaches_the_parameters_of_untuned_training(restored: None) -> None:
