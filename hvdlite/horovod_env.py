@@ -179,9 +179,25 @@ def why_ignored(variable: str, text: str) -> Optional[str]:
 _WARNED: set[str] = set()
 
 
+# Where launchers put a process's rank (MPICH's hydra, Open MPI, PMIx, torchrun, srun):
+# read before init(), when hvdlite does not know its rank yet.
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
+
+
+def _launcher_rank(environ: Mapping[str, str]) -> Optional[int]:
+    for variable in _RANK_VARIABLES:
+        if environ.get(variable, "").isdigit():
+            return int(environ[variable])
+    return None
+
+
 def warn_ignored(environ: Mapping[str, str], aliases: Collection[str]) -> None:
     """Warn about each HOROVOD_* variable that is set and changes nothing here
-    (``aliases``, read as hvdlite settings, are not)."""
+    (``aliases``, read as hvdlite settings, are not). Only the launcher's rank 0 (or a
+    process no launcher numbered) warns: every rank has the same job file's variables,
+    and N copies of one warning bury the output."""
+    if _launcher_rank(environ) not in (None, 0):
+        return
     for name in sorted(environ):
         if not name.startswith("HOROVOD_") or name in aliases or name in _WARNED:
             continue

@@ -115,8 +115,10 @@ def check() -> int:
         print(f"{module + ':':14} {'available' if found else 'not installed'}")
     nccl = importlib.util.find_spec("cupy") is not None and importlib.util.find_spec(
         "cupy.cuda.nccl") is not None
-    print(f"{'NCCL:':14} {'available through CuPy' if nccl else 'not available'}"
-          " (hvdlite's NCCL path is not part of this build)")
+    print(f"{'NCCL:':14} " + ("available through CuPy (GPU tensors reduce with NCCL; "
+                               "HVDLITE_GPU_ALLREDUCE=mpi stages them instead)" if nccl else
+                               "not available (GPU tensors, if any, are staged through host "
+                               "memory and MPI)"))
     return 0
 
 

@@ -197,6 +197,16 @@ def test_horovods_variables_without_a_meaning_here_are_warned_about_once(
     assert "HOROVOD_GPU_OPERATIONS='NCCL': a setting of Horovod's build" in fresh_process.text
 
 
+@pytest.mark.parametrize("rank_variable", ["PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK",
+                                           "SLURM_PROCID"])
+def test_only_the_launchers_rank_0_warns_about_horovods_variables(
+        fresh_process: pytest.LogCaptureFixture, rank_variable: str) -> None:
+    Config.load({"HOROVOD_TORUS_ALLREDUCE": "1", rank_variable: "1"})
+    assert "HOROVOD_TORUS_ALLREDUCE" not in fresh_process.text
+    Config.load({"HOROVOD_TORUS_ALLREDUCE": "1", rank_variable: "0"})
+    assert _named(fresh_process.records, "HOROVOD_TORUS_ALLREDUCE") == 1
+
+
 def test_every_variable_horovod_reads_is_read_or_ignored_and_documented() -> None:
     from hvdlite import horovod_env
     aliases = {name for names in ALIASES.values() for name in names}
