@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hvdlite.core.autotune import TUNED
 from tests.integration.test_outputs import run_job
-from tests.mpirun import mpiexec
+from tests.mpirun import run_module
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 
 def _run(np: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
-    full_env.update(PYTHONPATH=str(ROOT), HVDLITE_AUTOTUNE_WARMUP_STEPS="2", **env)
-    return subprocess.run([*mpiexec(np), sys.executable, "-m", "tests.integration.autotune_job"],
-                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=280)
+    return run_module(np, "tests.integration.autotune_job",
+                      {"HVDLITE_AUTOTUNE_WARMUP_STEPS": "2", **env}, timeout=280)
 
 
 @pytest.mark.parametrize("np", [2, 4])

@@ -14,22 +14,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.mpirun import mpiexec
+from tests.mpirun import run_module
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 
 def run_job(np: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
-    full_env.update(PYTHONPATH=str(ROOT), HVDLITE_PEER_TIMEOUT="5", **env)
-    return subprocess.run([*mpiexec(np), sys.executable, "-m", "tests.integration.outputs_job"],
-                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=60)
+    return run_module(np, "tests.integration.outputs_job",
+                      {"HVDLITE_PEER_TIMEOUT": "5", **env}, timeout=60)
 
 
 @pytest.mark.parametrize("np", [2, 4])

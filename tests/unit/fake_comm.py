@@ -217,27 +217,38 @@ def _place(recv: np.ndarray, start: int, count: int, piece: np.ndarray, rank: in
     recv[start: start + count] = piece
 
 
-def run_ranks(size: int, work: Callable[[ThreadComm], Any]) -> list[Any]:
-    """``work(comm)`` on every rank of a fresh world, each in its own thread; the
-    results in rank order. Any rank's exception is raised (after every thread ends)."""
-    world = ThreadWorld(size)
+def run_threads(size: int, work: Callable[[int], Any],
+                on_error: Callable[[], None]) -> tuple[list[Any], list[BaseException]]:
+    """``work(rank)`` on every rank, each in its own thread: (results in rank order,
+    the exceptions raised). The first exception calls ``on_error`` so the other ranks
+    fail now rather than after TIMEOUT; every thread must have ended."""
     results: list[Any] = [None] * size
     errors: list[BaseException] = []
 
     def run(rank: int) -> None:
         try:
-            results[rank] = work(ThreadComm(world, rank))
-        except BaseException as error:   # noqa: BLE001 (reported below)
+            results[rank] = work(rank)
+        except BaseException as error:   # noqa: BLE001 (returned to the caller)
             errors.append(error)
-            world._barrier.abort()          # the others fail now, not after TIMEOUT
+            on_error()
     threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(4 * TIMEOUT)
+    if not errors:
+        assert not any(t.is_alive() for t in threads), "a rank never finished"
+    return results, errors
+
+
+def run_ranks(size: int, work: Callable[[ThreadComm], Any]) -> list[Any]:
+    """``work(comm)`` on every rank of a fresh world, each in its own thread; the
+    results in rank order. Any rank's exception is raised (after every thread ends)."""
+    world = ThreadWorld(size)
+    results, errors = run_threads(size, lambda rank: work(ThreadComm(world, rank)),
+                                  world._barrier.abort)
     if errors:
         raise errors[0]
-    assert not any(t.is_alive() for t in threads), "a rank never finished"
     assert world.undelivered() == 0, "messages were sent that nobody received"
     return results
 

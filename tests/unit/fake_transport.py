@@ -23,7 +23,7 @@ import numpy as np
 
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.reduce_op import ReduceOp
-from tests.unit.fake_comm import ThreadComm, ThreadWorld
+from tests.unit.fake_comm import ThreadComm, ThreadWorld, run_threads
 
 TIMEOUT = 10.0
 _PING, _VERDICT = "ping", "verdict"
@@ -233,22 +233,8 @@ def run_transports(size: int, work: Callable[[ThreadTransport], Any],
     rank order. Any rank's exception is raised once every thread has ended (the others
     fail fast: a broken world fails their waits)."""
     hub = Hub(size, hosts or ["vm"] * size, threading.Event())
-    results: list[Any] = [None] * size
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = work(make(hub, rank))
-        except BaseException as error:   # noqa: BLE001 (reported below)
-            errors.append(error)
-            hub.broken.set()
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(4 * TIMEOUT)
+    results, errors = run_threads(size, lambda rank: work(make(hub, rank)), hub.broken.set)
     if errors:
         first = next((e for e in errors if not isinstance(e, FakeTransportError)), errors[0])
         raise first
-    assert not any(t.is_alive() for t in threads), "a rank never finished"
     return results
