@@ -23,32 +23,32 @@ class TorchComm:
         self._dist = dist
         from hvdlite.core import transport_torch
         transport_torch.initialize()            # torchrun's variables, over Gloo
-        self._group = dist.new_group(backend="gloo")   # every rank, so before hvd.init()
+        self.group = dist.new_group(backend="gloo")   # every rank, so before hvd.init()
 
     def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
-        return self._dist.get_rank(self._group)
+        return self._dist.get_rank(self.group)
 
     def Get_size(self) -> int:  # noqa: N802
-        return self._dist.get_world_size(self._group)
+        return self._dist.get_world_size(self.group)
 
     def Barrier(self) -> None:  # noqa: N802
-        self._dist.barrier(group=self._group)
+        self._dist.barrier(group=self.group)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
-        self._dist.broadcast_object_list(box, src=root, group=self._group)
+        self._dist.broadcast_object_list(box, src=root, group=self.group)
         return box[0]
 
     def allgather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.Get_size()
-        self._dist.all_gather_object(out, obj, group=self._group)
+        self._dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def max_array(self, values: np.ndarray) -> None:
         """Elementwise MAX over ranks, in place (float64)."""
         import torch
         tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
-        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX, group=self._group)
+        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX, group=self.group)
         values[:] = tensor.numpy()
 
 
