@@ -12,7 +12,7 @@ from hvdlite.bench import training
 def _allreduce(argv: Sequence[str]) -> None:
     # Imported when asked: allreduce.py imports mpi4py's MPI, which starts an MPI world,
     # and a worker under torchrun must not. --transports: a driver of launches, no MPI.
-    if "--transports" in argv:
+    if any(a == "--transports" or a.startswith("--transports=") for a in argv):
         from hvdlite.bench import allreduce_transports
         allreduce_transports.main(argv)
         return
