@@ -6,7 +6,23 @@ import sys
 
 from typing import Sequence
 
-from hvdlite.bench import allreduce, training
+from hvdlite.bench import training
+
+
+def _allreduce(argv: Sequence[str]) -> None:
+    # Imported when asked: allreduce.py imports mpi4py's MPI, which starts an MPI world,
+    # and a worker under torchrun must not. --transports: a driver of launches, no MPI.
+    if any(a == "--transports" or a.startswith("--transports=") for a in argv):
+        from hvdlite.bench import allreduce_transports
+        allreduce_transports.main(argv)
+        return
+    from hvdlite.bench import allreduce
+    allreduce.main(argv)
+
+
+def _allreduce_worker(argv: Sequence[str]) -> None:
+    from hvdlite.bench import allreduce_transports
+    allreduce_transports.worker(argv)
 
 
 def _keras(argv: Sequence[str]) -> None:
@@ -39,7 +55,8 @@ def _forecast_check(argv: Sequence[str]) -> None:
     forecast_check.main(argv)
 
 
-COMMANDS = {"allreduce": allreduce.main, "training": training.main,
+COMMANDS = {"allreduce": _allreduce, "allreduce-worker": _allreduce_worker,
+            "training": training.main,
             "training-worker": training.worker, "traffic": _traffic, "forecast": _forecast,
             "forecast-check": _forecast_check, "keras": _keras,
             "keras-worker": _keras_worker, "gpu": _gpu}

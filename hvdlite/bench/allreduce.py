@@ -1,6 +1,7 @@
 """Allreduce benchmark: hvdlite's backends against raw mpi4py, in one run.
 
     mpiexec -n 2 python -m hvdlite.bench allreduce
+    python -m hvdlite.bench allreduce --transports mpi torch   # MPI beside Gloo (no mpiexec)
 
 Every figure is the slowest rank's mean time per op over a timed loop of about
 ``--seconds`` (after warm-up), so ratios compare like with like on the same
@@ -210,6 +211,10 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--lone-repeats", type=int, default=200, help="lone ops to time")
     parser.add_argument("--only", choices=("all", "lone", "set", "allocating", "small", "adasum"),
                         default="all")
+    parser.add_argument("--transports", nargs="+", choices=("mpi", "torch"),
+                        help="instead, without mpiexec: the lone op, the largest size and "
+                             "200 x 4 KiB on each transport side by side (MPI under "
+                             "mpiexec, Gloo under torchrun); see allreduce_transports.py")
     args = parser.parse_args(argv)
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()   # the baseline's own communicator

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+from hvdlite.bench.timing import lone_median
 from hvdlite.config import Config
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.registry import Round
@@ -27,22 +28,6 @@ from hvdlite.core.transport_mpi import MpiTransport
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
 # cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
 ROUND_WORDS = 1 + ResponseCache(Config().cache_capacity).words
-
-
-def lone_median(comm: MPI.Comm, op: Callable[[], object], repeats: int,
-                idle_s: float) -> float:
-    """Median over ``repeats`` of the slowest rank's time for ``op`` issued right
-    after a barrier that follows ``idle_s`` seconds of sleep."""
-    times = []
-    for _ in range(repeats):
-        time.sleep(idle_s)
-        comm.Barrier()
-        start = time.perf_counter()
-        op()
-        times.append(time.perf_counter() - start)
-    slowest = np.array(times)
-    comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-    return float(np.median(slowest))
 
 
 def handoff_floor(comm: MPI.Comm, repeats: int, idle_s: float) -> float:

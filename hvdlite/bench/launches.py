@@ -8,14 +8,17 @@ whichever ran in the quiet moment. Rotating the order within interleaved rounds
 spreads the drift over every method alike, and the median with its min-max range
 says how much to trust a ratio.
 
-A method is a command (run as ``mpiexec -n NP python -m hvdlite.bench <args>``)
-whose rank 0 prints one line ``RESULT {json}`` with a numeric field to compare.
+A method is a command (run as ``mpiexec -n NP python -m hvdlite.bench <args>``, or
+for the torch transport ``python -m torch.distributed.run --nproc_per_node=NP -m
+hvdlite.bench <args>``) whose rank 0 prints one line ``RESULT {json}`` with a numeric
+field to compare.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +32,7 @@ class Method:
     label: str
     args: tuple[str, ...]                   # after ``python -m hvdlite.bench``
     env: tuple[tuple[str, str], ...] = ()   # extra environment for this launch
+    launcher: str = "mpiexec"               # or "torchrun": hvdlite on the torch transport
 
 
 @dataclass
@@ -58,11 +62,31 @@ def mpiexec_path() -> str:
     return os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
+def free_port() -> int:
+    """A TCP port free on this host now, for torchrun's rendezvous store."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def command_for(method: Method, np_: int) -> list[str]:
+    """The launcher's command line: mpiexec, or torchrun on this host alone."""
+    if method.launcher == "torchrun":
+        # torch.distributed.run is torchrun; run as a module of this Python, so the
+        # workers are too (a torchrun on PATH may belong to another environment).
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={np_}",
+                "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                "-m", "hvdlite.bench", *method.args]
+    if method.launcher != "mpiexec":
+        raise ValueError(f"unknown launcher {method.launcher!r}: mpiexec or torchrun")
+    return [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
+            *method.args]
+
+
 def launch(method: Method, np_: int, timeout_s: float = 900.0) -> dict:
     """One launch of ``method`` on ``np_`` ranks; its parsed RESULT line."""
     env = dict(os.environ, **dict(method.env))
-    command = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
-               *method.args]
+    command = command_for(method, np_)
     done = subprocess.run(command, capture_output=True, text=True, env=env,
                           timeout=timeout_s, stdin=subprocess.DEVNULL)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from mpi4py import MPI
+import numpy as np
+
+from hvdlite.bench.world import slowest as _slowest
 
 
-def seconds_per_call(step: Callable[[], None], seconds: float, comm: MPI.Comm,
+def seconds_per_call(step: Callable[[], None], seconds: float, comm: Any,
                      warmup: int = 3, min_calls: int = 5) -> float:
     """Mean seconds per ``step()`` on the slowest rank.
 
@@ -27,4 +29,19 @@ def seconds_per_call(step: Callable[[], None], seconds: float, comm: MPI.Comm,
     for _ in range(calls):
         step()
     elapsed = (time.perf_counter() - start) / calls
-    return comm.allreduce(elapsed, op=MPI.MAX)
+    return max(comm.allgather(elapsed))    # on an MPI or a torch communicator alike
+
+
+def lone_median(comm: Any, op: Callable[[], object], repeats: int, idle_s: float) -> float:
+    """Median over ``repeats`` of the slowest rank's time for ``op`` issued right
+    after a barrier that follows ``idle_s`` seconds of sleep."""
+    times = []
+    for _ in range(repeats):
+        time.sleep(idle_s)
+        comm.Barrier()
+        start = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - start)
+    slowest = np.array(times)
+    _slowest(comm, slowest)
+    return float(np.median(slowest))

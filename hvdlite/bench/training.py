@@ -9,7 +9,8 @@ on a machine whose ranks fill every core, that ceiling bounds what any method ca
     python -m hvdlite.bench training --np 2 4 --models transformer mlp \
         --methods hvdlite autotune ddp_gloo hand_fused no_comm
 
-Each method and model runs in its own mpiexec launch, rounds interleave the
+Each method and model runs in its own mpiexec launch (``hvdlite_gloo``: hvdlite under
+torchrun, on the torch transport over Gloo), rounds interleave the
 methods, and the table gives medians with their spread (hvdlite/bench/launches.py).
 Beside samples/s: each method's peak resident memory (the largest rank) and its CPU
 seconds per step by thread (the training thread, hvdlite's engine, and helper
@@ -36,16 +37,21 @@ from hvdlite.bench.gloo import gloo_group
 from hvdlite.bench.models import BATCH, MODELS, build, loss
 from hvdlite.bench.threads import ThreadClock, peak_rss_mib
 from hvdlite.bench.timing import seconds_per_call
+from hvdlite.bench.world import bench_comm, under_torchrun
 
-METHODS = ("hvdlite", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused", "no_comm")
-# hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
+METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
+           "no_comm")
+# hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
+# instead of MPI. hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
 # timed after its search. no_comm: the same loop with no gradient exchange at all (each
 # rank trains alone): the ceiling that no method can pass here.
 # Ratios printed where both methods ran: (label, numerator, denominator).
 RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
           ("autotune/defaults", "autotune", "hvdlite"), ("defaults/DDP", "hvdlite", "ddp_gloo"),
           ("defaults/no-comm", "hvdlite", "no_comm"), ("autotune/no-comm", "autotune", "no_comm"),
-          ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"))
+          ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"),
+          ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
+          ("gloo-transport/DDP", "hvdlite_gloo", "ddp_gloo"))
 WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "no_comm")
 WARMUP = 5
 
@@ -167,14 +173,16 @@ def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
 
 
 def worker(argv: Sequence[str]) -> None:
-    """One method on one model, under mpiexec; rank 0 prints ``RESULT {json}``."""
+    """One method on one model, under mpiexec (hvdlite under torchrun too: the torch
+    transport); rank 0 prints ``RESULT {json}``."""
     import torch
-    from mpi4py import MPI
     parser = launches.worker_parser(WORKERS, MODELS)
     parser.add_argument("--seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    comm = MPI.COMM_WORLD.Dup()
+    if under_torchrun() and args.method != "hvdlite":
+        raise SystemExit(f"{args.method} runs under mpiexec; under torchrun only hvdlite")
+    comm = bench_comm()
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
                "no_comm": _run_no_comm}
     measured = Measured(comm)
@@ -186,10 +194,12 @@ def worker(argv: Sequence[str]) -> None:
 
 def _methods(model: str, seconds: float, report_dir: Optional[str],
              chosen: Sequence[str] = METHODS) -> list[launches.Method]:
-    def method(label: str, name: str, env: tuple = ()) -> launches.Method:
+    def method(label: str, name: str, env: tuple = (),
+               launcher: str = "mpiexec") -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
-                                       "--seconds", str(seconds)), env)
+                                       "--seconds", str(seconds)), env, launcher)
     every = {"hvdlite": method("hvdlite", "hvdlite"),
+             "hvdlite_gloo": method("hvdlite_gloo", "hvdlite", launcher="torchrun"),
              "autotune": method("autotune", "hvdlite", (("HVDLITE_AUTOTUNE", "1"),)),
              "hvdlite_per_grad": method("hvdlite_per_grad", "hvdlite",
                                         (("HVDLITE_BUCKET_BYTES", "0"),)),
@@ -227,9 +237,10 @@ def main(argv: Sequence[str]) -> None:
 
 def _print_table(rows: list, rounds: int) -> None:
     print(f"\nTraining throughput, samples/s (global batch; one thread per rank; SGD with "
-          f"momentum). Each method in its own mpiexec launch, {rounds} interleaved "
-          "rounds: median, and the min-max spread as % of the median; ratios are of "
-          "medians, with the range of the per-round ratios.")
+          f"momentum). Each method in its own mpiexec launch (hvdlite_gloo: torchrun, "
+          f"hvdlite on the torch transport), {rounds} interleaved rounds: median, and the "
+          "min-max spread as % of the median; ratios are of medians, with the range of "
+          "the per-round ratios.")
     for model, np_, samples in rows:
         methods = [m for m in METHODS if m in samples]
         print(f"\n{model} np={np_}")
@@ -239,6 +250,9 @@ def _print_table(rows: list, rounds: int) -> None:
         for label, a, b in RATIOS:
             if a in samples and b in samples:
                 print(f"  {label:>18}: {launches.ratio(samples[a], samples[b])}")
+        if "hvdlite_gloo" in samples:
+            print("  (targets for the torch transport, issue 36: gloo-transport/MPI >= "
+                  "0.90x; gloo-transport/DDP > 1.00x on the transformer)")
         if "autotune" in samples:
             tuned = samples["autotune"]
             print(f"  autotune chose, per launch: {tuned.texts.get('choice', [])}; search "

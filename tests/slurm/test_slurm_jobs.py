@@ -217,3 +217,24 @@ def test_elastic_job_preempted_with_usr1_is_requeued_and_finishes_as_uninterrupt
     assert result["params"] == reference["params"], output
     assert result["seen"] == reference["seen"]
     assert not list(tmp_path.glob("hvdlite-elastic-*")), "a finished job removes its state"
+
+
+def test_torchrun_template_runs_hvdlite_on_the_torch_transport(cluster: Cluster) -> None:
+    """jobs/slurm_torchrun.sbatch: one torchrun per node, two ranks each, meeting at a c10d
+    rendezvous. The two "nodes" share this host's name, so the ranks' node split (by host
+    name) puts all four on one node; SLURM's ids describe the torchrun tasks, not the
+    ranks, and hvdlite must not trust them."""
+    pytest.importorskip("torch.distributed")
+    from hvdlite.bench.launches import free_port
+    code, output = _submit(cluster, "slurm_torchrun.sbatch",
+                           [sys.executable, "-m", "tests.slurm.probe"],
+                           ["--nodes=2", "--cpus-per-task=1"],
+                           extra_env=_job_env(Path(sys.executable).parent, NPROC_PER_NODE="2",
+                                              RDZV_HOST="127.0.0.1", RDZV_PORT=str(free_port())))
+    assert code == 0, output
+    views = _probe(output)
+    assert [v["rank"] for v in views] == [0, 1, 2, 3]
+    for v in views:
+        assert v["size"] == 4 and v["source"] == "shared-memory"
+        assert (v["local_rank"], v["local_size"], v["cross_size"]) == (v["rank"], 4, 1)
+    assert {v["node"] for v in views} == {"n1", "n2"}      # one torchrun on each node
