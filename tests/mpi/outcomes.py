@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any
 
 import pytest
@@ -39,6 +40,15 @@ class _MpiChannel:
     def worst(self, code: int) -> int:
         return int(self._comm.allreduce(code, op=self._max))
 
+    def close(self) -> None:
+        self._comm.Free()
+
+    def idle_until_all_arrive(self) -> None:
+        """A barrier waited for in Python (polling), not inside the transport's library."""
+        done = self._comm.Ibarrier()
+        while not done.Test():
+            time.sleep(0.001)
+
 
 class _TorchChannel:
     def __init__(self) -> None:
@@ -60,6 +70,17 @@ class _TorchChannel:
         value = torch.tensor([code], dtype=torch.int64)
         self._dist.all_reduce(value, op=self._dist.ReduceOp.MAX, group=self._group)
         return int(value.item())
+
+    def close(self) -> None:
+        """Every group torn down before the interpreter exits (left to exit-time
+        destructors, Gloo's threads have aborted a rank: exit code -6)."""
+        self._dist.destroy_process_group()
+
+    def idle_until_all_arrive(self) -> None:
+        work = self._dist.barrier(group=self._group, async_op=True)
+        while not work.is_completed():
+            time.sleep(0.001)
+        work.wait()
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,6 +32,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     # Every rank must agree on the outcome; the worst exit code wins.
     worst = results.worst(int(code))
+    results.close()
     if rank == 0 and worst != int(code):
         print(f"[tests/mpi] another rank exited with pytest code {worst}", flush=True)
     sys.exit(worst)
