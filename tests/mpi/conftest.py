@@ -120,8 +120,8 @@ def elastic_dir():  # type: ignore[no-untyped-def]
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under torchrun, every test of alltoall or Adasum (by name or parameter) skips: the
     torch transport has neither yet (hvdlite/backends/on_transport.py; Adasum's backend
-    runs on an MPI communicator). Other tests that need MPI itself say so where they are
-    (tests/mpi/outcomes.py's needs_mpi)."""
+    runs on an MPI communicator). Files made of mpi4py's objects are not run under
+    torchrun at all (GLOO_TESTS in the Makefile)."""
     if not under_torchrun():
         return
     for item in items:

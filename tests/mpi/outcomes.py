@@ -9,7 +9,6 @@ import os
 import time
 from typing import Any
 
-import pytest
 
 
 def under_torchrun() -> bool:
@@ -21,11 +20,6 @@ def under_torchrun() -> bool:
 def transport_label() -> str:
     """Which transport the ranks run on, as test ids and skip reasons name it."""
     return "gloo" if under_torchrun() else "mpi"
-
-
-def needs_mpi(reason: str) -> pytest.MarkDecorator:
-    """Skip under torchrun, saying why the test needs MPI itself."""
-    return pytest.mark.skipif(under_torchrun(), reason=f"needs MPI, not torchrun's Gloo: {reason}")
 
 
 class _MpiChannel:
