@@ -123,10 +123,16 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
 	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
 	test_torch_buckets.py test_torch_training.py test_torch_parity.py)
+# At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
+# join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
+# stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).
+GLOO_NP4_TESTS := $(filter-out %/test_allreduce.py %/test_inplace_strides.py \
+	%/test_timeline_names.py %/test_torch_buckets.py %/test_torch_training.py \
+	%/test_torch_parity.py,$(GLOO_TESTS))
 TORCHRUN := OMP_NUM_THREADS=1 $(RUN_LIMIT) $(GLOO_PY) -m torch.distributed.run --standalone
 test-gloo: install-gloo
 	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS)
-	$(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_TESTS)
+	$(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS)
 
 # The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API
 # reference fails it. The configuration page, the op set and the commands' --help are

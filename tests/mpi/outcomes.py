@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 
-
 def under_torchrun() -> bool:
     """torchrun (torch.distributed.run) started this rank: hvdlite.init() opens the torch
     transport here, and so does this module."""
