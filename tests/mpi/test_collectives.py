@@ -190,3 +190,16 @@ def test_topology_queries_are_consistent() -> None:
     # Under torchrun MPI need not be installed (make test-gloo's venv has no mpi4py).
     assert hvd.mpi_threads_supported() in (True, False) and (hvd.mpi_built() or under_torchrun())
     assert hvd.gloo_enabled() == under_torchrun() and hvd.mpi_enabled() != under_torchrun()
+
+
+@pytest.mark.skipif(not under_torchrun(), reason="MPI has both: tested by the alltoall and "
+                    "Adasum tests themselves")
+def test_the_torch_transport_refuses_what_it_lacks_on_every_rank() -> None:
+    """Under torchrun, alltoall and Adasum are a NotSupportedError on every rank (not an
+    engine failure ending the job), and the next collective still runs."""
+    with pytest.raises(hvd.NotSupportedError, match="alltoall needs MPI"):
+        hvd.alltoall(np.zeros((hvd.size(), 2)), name="lacks.a2a")
+    with pytest.raises(hvd.NotSupportedError, match="Adasum needs MPI"):
+        hvd.allreduce(np.ones(4), op=hvd.Adasum, name="lacks.adasum")
+    total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="lacks.after")
+    assert total.tolist() == [float(hvd.size())] * 2
