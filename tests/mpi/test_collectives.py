@@ -203,3 +203,17 @@ def test_the_torch_transport_refuses_what_it_lacks_on_every_rank() -> None:
         hvd.allreduce(np.ones(4), op=hvd.Adasum, name="lacks.adasum")
     total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="lacks.after")
     assert total.tolist() == [float(hvd.size())] * 2
+
+
+def test_unsigned_64_bit_order_and_16_bit_wrapping_as_mpi_reduces_them() -> None:
+    """Gloo has neither type: the torch transport reduces uint64 as int64 with the sign bit
+    flipped for Min and Max, and int16 as int32 narrowed after. Values on both sides of
+    2**63 tell a signed order from an unsigned one; 30000 a rank overflows int16."""
+    rank, size = hvd.rank(), hvd.size()
+    mixed = np.array([1 if rank == 0 else 2**63 + rank, 7], dtype=np.uint64)
+    top = hvd.allreduce(mixed, op=hvd.Max, name="u64.max")
+    low = hvd.allreduce(mixed, op=hvd.Min, name="u64.min")
+    assert top.tolist() == [2**63 + size - 1, 7] and low.tolist() == [1, 7]
+    wrapped = hvd.allreduce(np.full(3, 30000, dtype=np.int16), op=hvd.Sum, name="i16.sum")
+    assert wrapped.dtype == np.int16
+    assert wrapped.tolist() == [int(np.array([30000 * size]).astype(np.int16)[0])] * 3
