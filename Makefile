@@ -129,10 +129,16 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 GLOO_NP4_TESTS := $(filter-out %/test_allreduce.py %/test_inplace_strides.py \
 	%/test_timeline_names.py %/test_torch_buckets.py %/test_torch_training.py \
 	%/test_torch_parity.py,$(GLOO_TESTS))
-TORCHRUN := OMP_NUM_THREADS=1 $(RUN_LIMIT) $(GLOO_PY) -m torch.distributed.run --standalone
+# torchrun leaves a torchelastic_* directory in TMPDIR for every job: a TMPDIR of the run's
+# own, removed after it whatever the outcome (pytest's tmp_path lives there too).
+GLOO_TMP := $(CURDIR)/.torchrun-tmp
+TORCHRUN := OMP_NUM_THREADS=1 TMPDIR=$(GLOO_TMP) $(RUN_LIMIT) $(GLOO_PY) -m torch.distributed.run \
+	--standalone
 test-gloo: install-gloo
-	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS)
-	$(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS)
+	rm -rf $(GLOO_TMP) && mkdir $(GLOO_TMP)
+	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS) \
+	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS); \
+	    status=$$?; rm -rf $(GLOO_TMP); exit $$status
 
 # The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API
 # reference fails it. The configuration page, the op set and the commands' --help are
@@ -183,4 +189,4 @@ bench: install
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) $(GLOO_VENV) .pytest_cache .mutation build site *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) $(GLOO_VENV) $(GLOO_TMP) .pytest_cache .mutation build site *.egg-info
