@@ -224,6 +224,30 @@ class TorchTransport:
                                f"match the parts sent ({[len(p) // item for p in parts]})")
         recv.reshape(-1).view(np.uint8)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
 
+    def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
+                       recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        """Gloo's all_to_all_single on bytes (so any dtype travels). Its splits are in
+        torch's rank order; a set renumbered by its split key sends its parts
+        reordered into torch's and puts what arrives back into ours."""
+        item = send.itemsize
+        out = [int(c) * item for c in send_counts]
+        into = [int(c) * item for c in recv_counts]
+        if sum(out) != send.nbytes or sum(into) != recv.nbytes:
+            raise HvdliteError(f"rank {self.rank}: alltoall counts (send {list(send_counts)}, "
+                               f"recv {list(recv_counts)}) do not match the buffers "
+                               f"({send.size} and {recv.size} elements)")
+        ours_of = sorted(range(self.size), key=lambda r: self._torch_index[r])  # torch -> ours
+        sent = _reordered(send.reshape(-1).view(np.uint8), out, ours_of)
+        got = np.empty(recv.nbytes, dtype=np.uint8)
+        dist.all_to_all_single(torch.from_numpy(got), torch.from_numpy(sent),
+                               output_split_sizes=[into[r] for r in ours_of],
+                               input_split_sizes=[out[r] for r in ours_of], group=self.group)
+        target = recv.reshape(-1).view(np.uint8)
+        bounds = np.cumsum([0] + [into[r] for r in ours_of])
+        where = np.cumsum([0] + into)
+        for j, r in enumerate(ours_of):        # torch's j-th part is our rank r's
+            target[where[r]: where[r + 1]] = got[bounds[j]: bounds[j + 1]]
+
     def abort(self, status: int) -> None:
         """End this process: torchrun's agent then stops every other rank of the job."""
         os._exit(status)
@@ -232,6 +256,14 @@ class TorchTransport:
 def _block(pending: Sequence[TorchPending]) -> None:
     for each in pending:
         each.wait()
+
+
+def _reordered(raw: np.ndarray, sizes: Sequence[int], order: Sequence[int]) -> np.ndarray:
+    """``raw``'s parts (of ``sizes`` bytes, in our rank order) in ``order``: a new,
+    contiguous array, which torch may read while the caller's buffer stays untouched."""
+    bounds = np.cumsum([0] + list(sizes))
+    parts = [raw[bounds[r]: bounds[r + 1]] for r in order]
+    return np.concatenate(parts) if parts else raw.copy()
 
 
 def _tensor(buf: np.ndarray, rank: int) -> torch.Tensor:

@@ -50,6 +50,7 @@ def test_torch_distributed_passes_the_transport_conformance_checks(nproc: int) -
     for rank in range(nproc):
         for check in CHECKS:
             assert f"PASS rank {rank} {check.__name__}" in output, output
+        assert f"PASS rank {rank} alltoall_reversed" in output, output
 
 
 def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
@@ -57,6 +58,13 @@ def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
     output = torchrun("collectives", 3, without_mpi4py=True)
     for rank in range(3):
         assert f"OK rank {rank} of 3 mpi4py_loaded=False local={rank}/3" in output, output
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_alltoall_runs_on_the_torch_transport_as_numpy_says(nproc: int) -> None:
+    output = torchrun("alltoall", nproc, without_mpi4py=True)
+    for rank in range(nproc):
+        assert f"ALLTOALL rank {rank} of {nproc}" in output, output
 
 
 def test_a_rank_that_exits_is_a_lost_peer_on_every_survivor() -> None:
