@@ -58,7 +58,12 @@ def _builtin(module: str, cls: str, *fields: str) -> BackendFactory:
 # The host backends in order of preference (HVDLITE_ALLREDUCE selects among ps, ring
 # and mpi; see hvdlite.core.chain); the CUDA plugin (hvdlite.backends.gpu) brings nccl
 # and staged, with their factories, when a request first names a cuda device.
+# "transport" serves host data on a world transport that is no MPI communicator
+# (torchrun's Gloo; hvdlite.backends.on_transport): the chain asks it only there, and
+# the MPI-based host backends only where the world is MPI (hvdlite.core.chain).
 _ENTRIES: list[Entry] = [
+    Entry("transport", _builtin("hvdlite.backends.on_transport", "TransportBackend"),
+          frozenset({"cpu"}), True),
     Entry("adasum", _builtin("hvdlite.backends.adasum", "AdasumBackend"), frozenset({"cpu"}), True),
     Entry("ps", _builtin("hvdlite.backends.ps", "ParameterServerBackend"), frozenset({"cpu"}), True),
     Entry("ring", _builtin("hvdlite.backends.ring", "RingBackend", "ring_chunk"),

@@ -6,7 +6,9 @@ job's key-value store (out of band: a peer stuck in a collective still gets them
 Limits, by design of torch.distributed: a group is made by every process of the
 world (``new_group``), so only a transport spanning the world splits; and torch
 numbers a group's ranks in global order, so a split with another key order is
-renumbered here (``members``). Data on host NumPy buffers only (CUDA tensors are
+renumbered here (``members``). The host data runs on the registry's built-in
+"transport" backend (hvdlite/backends/on_transport.py), which the chain asks on this
+world instead of the MPI ones. Data on host NumPy buffers only (CUDA tensors are
 staged through the host by the executor, not sent over NCCL).
 """
 from __future__ import annotations
@@ -296,9 +298,6 @@ def open_world(comm: Any) -> TorchTransport:
         raise UsageError(f"rank {dist.get_rank()}: init(comm=...) names MPI ranks or "
                          "communicators; under torchrun hvdlite runs on every rank of the "
                          "job: call hvdlite.init() without comm")
-    from hvdlite.backends.on_transport import TransportBackend
-    from hvdlite.core import devices
-    devices.register_backend(TransportBackend)
     group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     return TorchTransport(group, range(dist.get_world_size()))
 
