@@ -286,7 +286,14 @@ def initialize() -> None:
     """The default process group, over Gloo, from torchrun's variables; one the program
     made itself (any backend) is used as it is."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        store, rank, size = next(dist.rendezvous("env://"))
+        # torchrun's static rendezvous (--master_addr/--master_port) keeps one store
+        # across --max-restarts: a restarted worker would read the dead attempt's Gloo
+        # addresses (connection refused, or a hang). Each attempt gets its own keys.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"/hvdlite/attempt_{attempt}",
+                                                                store),
+                                rank=rank, world_size=size)
 
 
 def world_rank() -> int:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -25,7 +26,8 @@ def _free_port() -> int:
 
 
 def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool = True,
-             module: str = "tests.integration.torchrun_jobs", **settings: str) -> str:
+             module: str = "tests.integration.torchrun_jobs", options: Sequence[str] = (),
+             **settings: str) -> str:
     """The job's output; within 120 s it must end with status 0 (``succeeds``) or not."""
     path = [str(NO_MPI4PY)] if without_mpi4py else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(ROOT)]), OMP_NUM_THREADS="1",
@@ -33,7 +35,7 @@ def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool 
     # The agent looks at its workers every 5 s, not 0.1: a job whose rank exits is
     # ended by it, and the survivors must get to say what they saw first.
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--monitor-interval=5",
+               "--monitor-interval=5", *options,
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
                "-m", module, job]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -83,3 +85,31 @@ def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() ->
     for rank in range(2):
         assert f"STALL_ERROR rank {rank}" in output, output
     assert "'lonely'" in output and "missing ranks: [1]" in output
+
+
+def _elastic_train(tmp_path: Path, name: str, **fault: str) -> tuple[str, dict]:
+    """tests/integration/elastic_jobs.py's deterministic training under torchrun
+    --max-restarts=1, committing to its own HVDLITE_ELASTIC_DIR."""
+    import json
+    out = tmp_path / f"{name}.json"
+    output = torchrun("train", 2, module="tests.integration.elastic_jobs",
+                      options=["--max-restarts=1"], HVDLITE_PEER_TIMEOUT="5",
+                      HVDLITE_ELASTIC_DIR=str(tmp_path / name), ELASTIC_OUT=str(out),
+                      ELASTIC_MARKER=str(tmp_path / f"{name}.fired"), **fault)
+    return output, json.loads(out.read_text())
+
+
+def test_a_killed_rank_restarts_the_job_from_the_last_commit_under_torchrun(
+        tmp_path: Path) -> None:
+    """Rank 1 SIGKILLs itself after commit 5 once: the survivor fails (PeerLostError),
+    torchrun restarts both workers, and the job resumes from commit 5 and ends with
+    bitwise the parameters and samples of an uninterrupted run."""
+    _, reference = _elastic_train(tmp_path, "reference")
+    output, result = _elastic_train(tmp_path, "killed", ELASTIC_FAULT="kill_after_commit",
+                                    ELASTIC_FAULT_AT="5")
+    assert (tmp_path / "killed.fired").exists(), output
+    starts = [line for line in output.splitlines() if line.startswith("START")]
+    assert starts == ["START commits=0 epoch=0 processed=0",
+                      "START commits=5 epoch=1 processed=16"], output
+    assert "PeerLostError" in output
+    assert result["params"] == reference["params"] and result["seen"] == reference["seen"]
