@@ -69,6 +69,14 @@ def test_alltoall_runs_on_the_torch_transport_as_numpy_says(nproc: int) -> None:
         assert f"ALLTOALL rank {rank} of {nproc}" in output, output
 
 
+def test_a_backend_registered_on_one_rank_fails_init_on_every_rank() -> None:
+    output = torchrun("registry_mismatch", 3)
+    for rank in range(3):
+        assert f"MISMATCH rank {rank} ranks=[1] backends=['extra']: rank {rank}: " in output, \
+            output
+    assert "before hvdlite.init()" in output
+
+
 def test_a_rank_that_exits_is_a_lost_peer_on_every_survivor() -> None:
     output = torchrun("lost_peer", 3, succeeds=False)
     for rank in (0, 2):

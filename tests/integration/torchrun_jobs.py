@@ -86,6 +86,24 @@ def alltoall() -> None:
     hvd.shutdown()
 
 
+def registry_mismatch() -> None:
+    """Rank 1 alone registers a backend: init() must fail on every rank, naming it."""
+    import hvdlite as hvd
+    from hvdlite.backends import register_backend
+    from hvdlite.backends.on_transport import TransportBackend
+    from hvdlite.core import transport_torch
+    from hvdlite.errors import BackendRegistryMismatchError
+    transport_torch.initialize()
+    rank = transport_torch.world_rank()
+    if rank == 1:
+        register_backend("extra", TransportBackend)
+    try:
+        hvd.init()
+    except BackendRegistryMismatchError as error:
+        print(f"MISMATCH rank {rank} ranks={error.ranks} backends={error.backends}: {error}",
+              flush=True)
+
+
 def lost_peer() -> None:
     """Rank 1 exits after a first allreduce; the others' next one must fail with
     PeerLostError (found by the liveness check over the store and /proc)."""
@@ -106,4 +124,5 @@ def lost_peer() -> None:
 
 if __name__ == "__main__":
     {"conformance": conformance, "collectives": collectives,
-     "lost_peer": lost_peer, "alltoall": alltoall}[sys.argv[1]]()
+     "lost_peer": lost_peer, "alltoall": alltoall,
+     "registry_mismatch": registry_mismatch}[sys.argv[1]]()
