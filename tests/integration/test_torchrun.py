@@ -27,8 +27,8 @@ def _free_port() -> int:
 
 def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool = True,
              module: str = "tests.integration.torchrun_jobs", options: Sequence[str] = (),
-             **settings: str) -> str:
-    """The job's output; within 120 s it must end with status 0 (``succeeds``) or not."""
+             timeout: float = 120, **settings: str) -> str:
+    """The job's output; within ``timeout`` s it must end with status 0 (``succeeds``) or not."""
     path = [str(NO_MPI4PY)] if without_mpi4py else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path + [str(ROOT)]), OMP_NUM_THREADS="1",
                **settings)
@@ -39,7 +39,7 @@ def torchrun(job: str, nproc: int, without_mpi4py: bool = False, succeeds: bool 
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
                "-m", module, job]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
     output = proc.stdout + proc.stderr
     assert (proc.returncode == 0) == succeeds, output
     return output
@@ -101,12 +101,13 @@ def _elastic_train(tmp_path: Path, name: str, **fault: str) -> tuple[str, dict]:
     import json
     out = tmp_path / f"{name}.json"
     output = torchrun("train", 2, module="tests.integration.elastic_jobs",
-                      options=["--max-restarts=1"], HVDLITE_PEER_TIMEOUT="5",
+                      options=["--max-restarts=1"], timeout=240, HVDLITE_PEER_TIMEOUT="5",
                       HVDLITE_ELASTIC_DIR=str(tmp_path / name), ELASTIC_OUT=str(out),
                       ELASTIC_MARKER=str(tmp_path / f"{name}.fired"), **fault)
     return output, json.loads(out.read_text())
 
 
+@pytest.mark.timeout(540)    # two jobs, one started twice: each start imports torch anew
 def test_a_killed_rank_restarts_the_job_from_the_last_commit_under_torchrun(
         tmp_path: Path) -> None:
     """Rank 1 SIGKILLs itself after commit 5 once: the survivor fails (PeerLostError),
