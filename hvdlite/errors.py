@@ -65,6 +65,17 @@ class MismatchError(HvdliteError):
     rank's arguments were invalid (every rank raises this, naming that rank)."""
 
 
+class BackendRegistryMismatchError(MismatchError):
+    """Ranks registered different backends (``hvdlite.backends.register_backend``), or
+    the same ones in another order or for other devices: their chains would pick
+    different backends for one collective. ``init()`` raises it on every rank, naming
+    the ranks and the backends that differ."""
+
+    def __init__(self, message: str, ranks: list[int], backends: list[str]) -> None:
+        super().__init__(message)
+        self.ranks, self.backends = ranks, backends
+
+
 class DeadlockError(MismatchError):
     """Every rank waited in hvdlite for a collective that another rank had not
     submitted, with no rank free to submit it (ranks ran different numbers of

@@ -223,10 +223,34 @@ def check_allgather_array(t: Transport) -> None:
     np.testing.assert_array_equal(recv, want)
 
 
+def alltoall_counts(size: int, rank: int) -> list[int]:
+    """What rank ``rank`` sends each rank: 0, 1 and primes, never the same twice in a row."""
+    sizes = (0, 1, 2, 3, 5, 7, 11, 13)
+    return [sizes[(rank * 3 + to) % len(sizes)] for to in range(size)]
+
+
+def alltoall_part(sender: int, to: int, count: int, dtype: Any) -> np.ndarray:
+    return (np.arange(count) % 7 + sender * 10 + to).astype(dtype)
+
+
+def check_alltoall_array(t: Transport) -> None:
+    for dtype in (np.uint8, np.int32, np.float64):
+        counts = alltoall_counts(t.size, t.rank)
+        send = np.concatenate([alltoall_part(t.rank, to, c, dtype)
+                               for to, c in enumerate(counts)])
+        recv_counts = [alltoall_counts(t.size, r)[t.rank] for r in range(t.size)]
+        recv = np.full(sum(recv_counts), 99, dtype=dtype)
+        t.alltoall_array(send, counts, recv, recv_counts)
+        want = np.concatenate([alltoall_part(r, t.rank, c, dtype)
+                               for r, c in enumerate(recv_counts)])
+        np.testing.assert_array_equal(recv, want, err_msg=f"alltoall of {dtype.__name__}")
+
+
 CHECKS: list[Callable[[Transport], None]] = [
     check_identity, check_small_objects, check_awaited_gather_and_bcast, check_band_round,
     check_split, check_dup_is_a_context_of_its_own, check_split_node, check_liveness_channel,
-    check_allreduce_array, check_broadcast_array, check_allgather_array]
+    check_allreduce_array, check_broadcast_array, check_allgather_array,
+    check_alltoall_array]
 
 
 def by_name(name: str) -> Optional[Callable[[Transport], None]]:

@@ -10,7 +10,7 @@ import numpy as np
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
-                                    check_adasum, check_on_mpi, check_reduction, check_root,
+                                    check_adasum, check_reduction, check_root,
                                     check_scale,
                                     inplace_output, reduce_op, returning, set_ranks, submit_group,
                                     synchronize)
@@ -111,7 +111,6 @@ def alltoall_async(adapter: TensorAdapter, tensor: Any, splits: Any = None,
     ``splits`` given, ``(received, received_splits)``."""
     call = Call(Kind.ALLTOALL, name, process_set)
     try:
-        check_on_mpi("alltoall", call.name)
         source = Input(adapter, tensor, "alltoall")
         array = source.array
         if splits is None:

@@ -209,8 +209,9 @@ def _findings(summary: dict[str, Any]) -> list[str]:
     if notes:
         lines.append("GPU: " + "; ".join(notes))
     if any(r.get("bytes_estimated") for r in ranks):
-        lines.append("bytes: partly estimated (MPI's own collectives, whose algorithm MPI "
-                     "chooses, count what a bandwidth-optimal algorithm moves)")
+        lines.append("bytes: partly estimated (the transport library's own collectives, "
+                     "MPI's or Gloo's, whose algorithm the library chooses, count what a "
+                     "bandwidth-optimal algorithm moves)")
     if summary.get("elastic"):
         lines.append(ledger.describe(summary["elastic"]))
     lines += autotune.report_lines(summary.get("settings"))

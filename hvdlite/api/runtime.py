@@ -65,7 +65,9 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
             RUNTIME.engine.shutdown()
         config = Config.load()
         _configure_logging(config, world.world_rank())
-        engine = Engine(config, world.open_world(comm), process_sets)
+        transport = world.open_world(comm)
+        failure.use_transport(transport.name)      # what failure messages name from now on
+        engine = Engine(config, transport, process_sets)
         topology = engine.start()
         # The engine's settings: the loaded ones with the topology-aware defaults applied.
         RUNTIME.config, RUNTIME.engine, RUNTIME.topology = engine.config, engine, topology
@@ -74,7 +76,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         for hook in START_HOOKS:
             hook(engine, engine.config)
         if config.abort_on_error:
-            transport = engine.transport      # MPI: failure's own MPI_Abort on COMM_WORLD
+            # MPI: failure's own MPI_Abort on COMM_WORLD
             failure.install(topology.rank, topology.size,
                             None if transport.name == "mpi" else transport.abort)
         if not RUNTIME.atexit_registered:

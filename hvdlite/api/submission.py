@@ -307,9 +307,9 @@ def check_reduction(source: Input, op: ReduceOp, name: str) -> None:
 
 
 def check_on_mpi(what: str, name: str) -> None:
-    """alltoall and Adasum run on MPI's communicators only, yet: under torchrun every rank
-    refuses the call (NotSupportedError, Horovod's NotImplementedError) instead of the
-    engine failing when no backend of the torch transport takes it."""
+    """Adasum runs on MPI's communicators only, yet: under torchrun every rank refuses
+    the call (NotSupportedError, Horovod's NotImplementedError) instead of the engine
+    failing when no backend of the torch transport takes it."""
     transport = runtime.transport_name()
     if transport not in (None, "mpi"):
         raise NotSupportedError(f"'{name}': {what} needs MPI (mpiexec or hvdliterun); the "

@@ -18,7 +18,8 @@ import importlib
 import re
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from hvdlite.errors import ConfigError, UnknownBackendError, UsageError
+from hvdlite.errors import (BackendRegistryMismatchError, ConfigError, UnknownBackendError,
+                            UsageError)
 
 BackendFactory = Callable[[Any], Any]    # Config -> Backend
 Devices = Union[str, Sequence[str], None]
@@ -58,7 +59,12 @@ def _builtin(module: str, cls: str, *fields: str) -> BackendFactory:
 # The host backends in order of preference (HVDLITE_ALLREDUCE selects among ps, ring
 # and mpi; see hvdlite.core.chain); the CUDA plugin (hvdlite.backends.gpu) brings nccl
 # and staged, with their factories, when a request first names a cuda device.
+# "transport" serves host data on a world transport that is no MPI communicator
+# (torchrun's Gloo; hvdlite.backends.on_transport): the chain asks it only there, and
+# the MPI-based host backends only where the world is MPI (hvdlite.core.chain).
 _ENTRIES: list[Entry] = [
+    Entry("transport", _builtin("hvdlite.backends.on_transport", "TransportBackend"),
+          frozenset({"cpu"}), True),
     Entry("adasum", _builtin("hvdlite.backends.adasum", "AdasumBackend"), frozenset({"cpu"}), True),
     Entry("ps", _builtin("hvdlite.backends.ps", "ParameterServerBackend"), frozenset({"cpu"}), True),
     Entry("ring", _builtin("hvdlite.backends.ring", "RingBackend", "ring_chunk"),
@@ -181,3 +187,50 @@ def check(setting: str) -> None:
             raise ConfigError(f"HVDLITE_BACKENDS={setting!r} asks backend {name!r} for "
                               f"{device}, but it serves {entry.served()}")
 
+
+
+# -- agreement across ranks (init) ------------------------------------------------------------
+Described = tuple[tuple[str, Optional[tuple[str, ...]]], ...]   # (name, device types) in order
+
+
+def described() -> Described:
+    """The table as ranks compare it: names and device types in order of preference
+    (not factories: a plugin's is filled in when it loads, at a request every rank runs)."""
+    return tuple((e.name, None if e.devices is None else tuple(sorted(e.devices)))
+                 for e in _ENTRIES)
+
+
+def agree(transport: Any, mine: Optional[Described] = None) -> None:
+    """Raise BackendRegistryMismatchError on every rank unless every rank's table is
+    rank 0's: one allgather, made by ``init()`` once the transport is up, so a backend
+    registered on some ranks only fails at init, not as ranks that silently differ."""
+    tables = transport.allgather(described() if mine is None else mine)
+    differing = [r for r, table in enumerate(tables) if table != tables[0]]
+    if not differing:
+        return
+    lines, names_differing = [], set()
+    for rank in differing:
+        line, named = _difference(tables[0], tables[rank])
+        lines.append(f"rank {rank} {line}")
+        names_differing |= named
+    raise BackendRegistryMismatchError(
+        f"rank {transport.rank}: ranks registered different backends, so they would "
+        f"pick different ones for the same collective: {'; '.join(lines)} (as against "
+        f"rank 0's {', '.join(n for n, _ in tables[0])}). Register every backend on every "
+        "rank, in the same order and for the same devices "
+        "(hvdlite.backends.register_backend), before hvdlite.init().",
+        differing, sorted(names_differing))
+
+
+def _difference(reference: Described, other: Described) -> tuple[str, set[str]]:
+    """What ``other`` has that ``reference`` (rank 0's) has not, and the reverse."""
+    theirs, ours = dict(other), dict(reference)
+    lacks = [n for n in ours if n not in theirs]
+    extra = [n for n in theirs if n not in ours]
+    devices = [n for n in ours if n in theirs and ours[n] != theirs[n]]
+    parts = ([f"lacks {lacks}"] if lacks else []) + ([f"also has {extra}"] if extra else [])
+    parts += [f"serves {theirs[n] or 'every device'} with {n!r}, not "
+              f"{ours[n] or 'every device'}" for n in devices]
+    if not parts:
+        parts = [f"has them in another order ({', '.join(theirs)})"]
+    return ", ".join(parts), set(lacks + extra + devices) or set(theirs)

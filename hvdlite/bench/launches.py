@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -87,8 +88,13 @@ def launch(method: Method, np_: int, timeout_s: float = 900.0) -> dict:
     """One launch of ``method`` on ``np_`` ranks; its parsed RESULT line."""
     env = dict(os.environ, **dict(method.env))
     command = command_for(method, np_)
-    done = subprocess.run(command, capture_output=True, text=True, env=env,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    # torchrun's agent leaves a torchelastic_* folder in TMPDIR per job: one of the
+    # launch's own, removed after it.
+    with tempfile.TemporaryDirectory(prefix="hvdlite-bench-launch-") as scratch:
+        if method.launcher == "torchrun":
+            env["TMPDIR"] = scratch
+        done = subprocess.run(command, capture_output=True, text=True, env=env,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{method.label} at np={np_} failed (exit {done.returncode}):\n"

@@ -24,6 +24,8 @@ _PICK_MEMO_SIZE = 4096   # distinct (kind, dtype, device, size, op) calls rememb
 _HOST = {"mpi": {"adasum", "mpi"}, "ps": {"adasum", "ps", "mpi"}}
 _HOST_DEFAULT = {"adasum", "ring", "mpi"}
 _HOST_BUILTIN = {"adasum", "ps", "ring", "mpi"}
+# The built-in host backend of a world transport other than MPI (torchrun's Gloo).
+_ON_TRANSPORT = "transport"
 
 
 class BackendChain:
@@ -74,13 +76,25 @@ class BackendChain:
         """The backends asked for ``device_type``, in order."""
         chain = self._chains.get(device_type)
         if chain is None:
-            host = _HOST.get(self._config.allreduce, _HOST_DEFAULT)
             names = registry.preferred(self._config.backends, device_type)
             names += [e.name for e in registry.entries() if e.serves(device_type)
-                      and e.name not in names
-                      and not (e.builtin and e.name in _HOST_BUILTIN and e.name not in host)]
+                      and e.name not in names and self._asked(e)]
             chain = self._chains[device_type] = [self._made[n] for n in names if n in self._made]
         return chain
+
+    def _asked(self, entry: Any) -> bool:
+        """Whether the chain asks a backend it was not told to (HVDLITE_BACKENDS): the
+        built-in host backends HVDLITE_ALLREDUCE selects on an MPI world, and on
+        another transport's world its own backend alone (the MPI ones step aside)."""
+        if not entry.builtin:
+            return True
+        on_transport = any(hasattr(c, "allreduce_array") for c in self._comms.values())
+        if entry.name == _ON_TRANSPORT:
+            return on_transport
+        if entry.name in _HOST_BUILTIN:
+            host = _HOST.get(self._config.allreduce, _HOST_DEFAULT)
+            return entry.name in host and not on_transport
+        return True
 
     @property
     def backends(self) -> list[Any]:
@@ -116,6 +130,9 @@ class BackendChain:
 
     def open_set(self, set_id: int, comm: Any) -> None:
         self._comms[set_id] = comm
+        self._chains.clear()       # which backends are asked depends on the sets' kind
+        self._picks.clear()
+        self._picked.clear()
         for backend in self.every_backend():
             backend.open_set(set_id, comm)
 

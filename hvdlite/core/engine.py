@@ -25,6 +25,7 @@ import time
 import traceback
 from typing import Any, Optional, Sequence
 
+from hvdlite.backends import registry as backends_registry
 from hvdlite.config import fields_set as config_fields_set
 from hvdlite.core import deadlock, defaults, exit_guard, failure, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
@@ -150,7 +151,8 @@ class Engine:
                              "not taking part in negotiation", timeout)
                 # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
                 failure.mark_broken(self.topology.rank, self.topology.size,
-                                    "the hvdlite engine is stuck in an MPI call")
+                                    "the hvdlite engine is stuck in a "
+                                    f"{failure.transport_label(self.transport.name)} call")
         if self.timeline is not None:
             self.timeline.close()
             self.timeline = None
@@ -177,6 +179,7 @@ class Engine:
     def _setup(self) -> None:
         waiting.precise_sleeps()
         self.topology = detect(self.transport)
+        backends_registry.agree(self.transport)     # before any chain picks a backend
         unusable = outputs.agree(self.transport, self.config)   # before anything is started
         self.config, self.defaults_chosen = defaults.agree(self.transport, self.config,
                                                            config_fields_set())

@@ -45,6 +45,30 @@ _who: Optional[tuple[int, int]] = None      # (rank, size), for messages
 _exit_status: Optional[int] = None          # set as the interpreter ends via sys.exit(n)
 _broken: Optional[str] = None               # why the world is broken, once it is
 _BASE_CODE = SystemExit.code                # the C-level attribute behind SystemExit.code
+_transport = "mpi"                          # the world's transport, for what messages name
+
+# Why a job that lost a peer must not end normally, per transport: each message says
+# what would wait (MPI_Finalize; torch.distributed's Gloo, at the engine's shutdown).
+_WAITS = {"mpi": "MPI_Finalize would wait for the lost rank forever"}
+
+
+def use_transport(name: str) -> None:
+    """The world's transport ("mpi", "gloo"), set by init() before anything can fail,
+    so the failure messages name what is in use."""
+    global _transport
+    _transport = name
+
+
+def transport_label(name: Optional[str] = None) -> str:
+    """How messages name a transport: "MPI", or "torch.distributed (gloo)"."""
+    name = _transport if name is None else name
+    return "MPI" if name == "mpi" else f"torch.distributed ({name})"
+
+
+def _why_abort() -> str:
+    return _WAITS.get(_transport, f"{transport_label()} would wait for the lost rank at "
+                                  "shutdown, and a job that lost a rank must not end with "
+                                  "status 0")
 
 
 def _mpi_world_abort(status: int) -> None:
@@ -195,6 +219,6 @@ def abort_if_broken() -> None:
     if _broken is not None:
         status = _exit_status or PEER_LOST_STATUS
         emit(f"{_identify()}: exiting after losing a peer; aborting the job with status "
-             f"{status}, since MPI_Finalize would wait for the lost rank forever. The "
+             f"{status}, since {_why_abort()}. The "
              f"loss: {_broken}\n", BROKEN_EXIT_GRACE_S)
         abort_now(status)

@@ -17,7 +17,8 @@ What a transport provides, in the order the engine uses it:
 - process sets: ``dup``, ``split`` and ``split_node`` give transports over subgroups;
   ``free`` releases one;
 - liveness: ``liveness_channel`` gives pings and verdicts on a private context;
-- data: ``allreduce_array``, ``broadcast_array`` and ``allgather_array`` on host NumPy
+- data: ``allreduce_array``, ``broadcast_array``, ``allgather_array`` and
+  ``alltoall_array`` on host NumPy
   buffers, for a transport-generic backend; ``native`` is what the host backends
   (hvdlite/backends) are opened on (for MPI: the mpi4py communicator);
 - the end: ``abort`` ends the whole job; ``failures`` are the exception types a call
@@ -130,6 +131,12 @@ class Transport(Protocol):
     def allgather_array(self, send: np.ndarray, recv: np.ndarray,
                         counts: Sequence[int]) -> None:
         """``recv`` is every rank's ``send`` in rank order; ``counts`` in elements."""
+        ...
+
+    def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
+                       recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        """``send``'s consecutive parts of ``send_counts[r]`` elements go to rank r;
+        ``recv`` is what every rank sent this one, in rank order (``recv_counts``)."""
         ...
 
     # -- the end -----------------------------------------------------------------------------

@@ -172,8 +172,19 @@ class MpiTransport:
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
         self.native.Allgatherv([send, MPI.BYTE], [recv, (sizes, offsets), MPI.BYTE])
 
+    def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
+                       recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        item = send.itemsize
+        out, into = [int(c) * item for c in send_counts], [int(c) * item for c in recv_counts]
+        self.native.Alltoallv([send, (out, _offsets(out)), MPI.BYTE],
+                              [recv, (into, _offsets(into)), MPI.BYTE])
+
     def abort(self, status: int) -> None:
         self.native.Abort(status)
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    return np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(int).tolist()
 
 
 # -- opening the world (hvdlite.init) ------------------------------------------------------

@@ -6,12 +6,15 @@ job's key-value store (out of band: a peer stuck in a collective still gets them
 Limits, by design of torch.distributed: a group is made by every process of the
 world (``new_group``), so only a transport spanning the world splits; and torch
 numbers a group's ranks in global order, so a split with another key order is
-renumbered here (``members``). Data on host NumPy buffers only (CUDA tensors are
+renumbered here (``members``). The host data runs on the registry's built-in
+"transport" backend (hvdlite/backends/on_transport.py), which the chain asks on this
+world instead of the MPI ones. Data on host NumPy buffers only (CUDA tensors are
 staged through the host by the executor, not sent over NCCL).
 """
 from __future__ import annotations
 
 import array
+import atexit
 import functools
 import os
 import pickle
@@ -256,6 +259,30 @@ class TorchTransport:
                                f"match the parts sent ({[len(p) // item for p in parts]})")
         recv.reshape(-1).view(np.uint8)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
 
+    def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
+                       recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        """Gloo's all_to_all_single on bytes (so any dtype travels). Its splits are in
+        torch's rank order; a set renumbered by its split key sends its parts
+        reordered into torch's and puts what arrives back into ours."""
+        item = send.itemsize
+        out = [int(c) * item for c in send_counts]
+        into = [int(c) * item for c in recv_counts]
+        if sum(out) != send.nbytes or sum(into) != recv.nbytes:
+            raise HvdliteError(f"rank {self.rank}: alltoall counts (send {list(send_counts)}, "
+                               f"recv {list(recv_counts)}) do not match the buffers "
+                               f"({send.size} and {recv.size} elements)")
+        ours_of = sorted(range(self.size), key=lambda r: self._torch_index[r])  # torch -> ours
+        sent = _reordered(send.reshape(-1).view(np.uint8), out, ours_of)
+        got = np.empty(recv.nbytes, dtype=np.uint8)
+        dist.all_to_all_single(torch.from_numpy(got), torch.from_numpy(sent),
+                               output_split_sizes=[into[r] for r in ours_of],
+                               input_split_sizes=[out[r] for r in ours_of], group=self.group)
+        target = recv.reshape(-1).view(np.uint8)
+        bounds = np.cumsum([0] + [into[r] for r in ours_of])
+        where = np.cumsum([0] + into)
+        for j, r in enumerate(ours_of):        # torch's j-th part is our rank r's
+            target[where[r]: where[r + 1]] = got[bounds[j]: bounds[j + 1]]
+
     def abort(self, status: int) -> None:
         """End this process: torchrun's agent then stops every other rank of the job."""
         os._exit(status)
@@ -264,6 +291,14 @@ class TorchTransport:
 def _block(pending: Sequence[TorchPending]) -> None:
     for each in pending:
         each.wait()
+
+
+def _reordered(raw: np.ndarray, sizes: Sequence[int], order: Sequence[int]) -> np.ndarray:
+    """``raw``'s parts (of ``sizes`` bytes, in our rank order) in ``order``: a new,
+    contiguous array, which torch may read while the caller's buffer stays untouched."""
+    bounds = np.cumsum([0] + list(sizes))
+    parts = [raw[bounds[r]: bounds[r + 1]] for r in order]
+    return np.concatenate(parts) if parts else raw.copy()
 
 
 def _tensor(buf: np.ndarray, rank: int) -> torch.Tensor:
@@ -284,7 +319,24 @@ def initialize() -> None:
     """The default process group, over Gloo, from torchrun's variables; one the program
     made itself (any backend) is used as it is."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        store, rank, size = next(dist.rendezvous("env://"))
+        # torchrun's static rendezvous (--master_addr/--master_port) keeps one store
+        # across --max-restarts: a restarted worker would read the dead attempt's Gloo
+        # addresses (connection refused, or a hang). Each attempt gets its own keys.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"/hvdlite/attempt_{attempt}",
+                                                                store),
+                                rank=rank, world_size=size)
+        # Ours to tear down, before the interpreter's own teardown: left to exit-time
+        # destructors, Gloo's threads can abort the process ("terminate called without
+        # an active exception", exit -6) after a job that did everything right. atexit
+        # runs this after hvdlite's shutdown, registered later by init().
+        atexit.register(_destroy_world)
+
+
+def _destroy_world() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world_rank() -> int:
@@ -296,9 +348,6 @@ def open_world(comm: Any) -> TorchTransport:
         raise UsageError(f"rank {dist.get_rank()}: init(comm=...) names MPI ranks or "
                          "communicators; under torchrun hvdlite runs on every rank of the "
                          "job: call hvdlite.init() without comm")
-    from hvdlite.backends.on_transport import TransportBackend
-    from hvdlite.core import devices
-    devices.register_backend(TransportBackend)
     group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     return TorchTransport(group, range(dist.get_world_size()))
 

@@ -23,6 +23,10 @@ def conformance() -> None:
             print(f"FAIL rank {world.rank} {check.__name__}\n{traceback.format_exc()}",
                   flush=True)
             raise
+    # A transport numbered against torch's order: alltoall's parts are reordered.
+    reversed_world = world.split(0, key=-world.rank)
+    transport_conformance.check_alltoall_array(reversed_world)
+    print(f"PASS rank {world.rank} alltoall_reversed", flush=True)
 
 
 def collectives() -> None:
@@ -52,6 +56,54 @@ def collectives() -> None:
     hvd.shutdown()
 
 
+ALLTOALL_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+                   "float32", "float64", "bool")
+
+
+def alltoall() -> None:
+    """hvd.alltoall on the torch transport against a NumPy reference: every dtype
+    hvdlite supports, rows of 0, 1 and primes per destination, 2-D rows, and the even
+    split (no splits given)."""
+    import hvdlite as hvd
+    from hvdlite.core.requests import to_dtype
+    from tests.transport_conformance import alltoall_counts, alltoall_part
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    for name in ALLTOALL_DTYPES:
+        dtype = to_dtype(name)
+        counts = alltoall_counts(size, rank)
+        rows = [alltoall_part(rank, to, c * 3, dtype).reshape(c, 3) for to, c in enumerate(counts)]
+        got, received = hvd.alltoall(np.concatenate(rows), splits=np.array(counts),
+                                     name=f"a2a.{name}")
+        want = [alltoall_part(r, rank, c * 3, dtype).reshape(c, 3)
+                for r, c in ((r, alltoall_counts(size, r)[rank]) for r in range(size))]
+        assert got.dtype == dtype, (name, got.dtype)
+        np.testing.assert_array_equal(got, np.concatenate(want), err_msg=name)
+        assert list(received) == [alltoall_counts(size, r)[rank] for r in range(size)]
+        even = hvd.alltoall(np.full((size * 2,), rank, dtype=dtype), name=f"even.{name}")
+        np.testing.assert_array_equal(even, np.repeat(np.arange(size), 2).astype(dtype))
+    print(f"ALLTOALL rank {rank} of {size}", flush=True)
+    hvd.shutdown()
+
+
+def registry_mismatch() -> None:
+    """Rank 1 alone registers a backend: init() must fail on every rank, naming it."""
+    import hvdlite as hvd
+    from hvdlite.backends import register_backend
+    from hvdlite.backends.on_transport import TransportBackend
+    from hvdlite.core import transport_torch
+    from hvdlite.errors import BackendRegistryMismatchError
+    transport_torch.initialize()
+    rank = transport_torch.world_rank()
+    if rank == 1:
+        register_backend("extra", TransportBackend)
+    try:
+        hvd.init()
+    except BackendRegistryMismatchError as error:
+        print(f"MISMATCH rank {rank} ranks={error.ranks} backends={error.backends}: {error}",
+              flush=True)
+
+
 def lost_peer() -> None:
     """Rank 1 exits after a first allreduce; the others' next one must fail with
     PeerLostError (found by the liveness check over the store and /proc)."""
@@ -72,4 +124,5 @@ def lost_peer() -> None:
 
 if __name__ == "__main__":
     {"conformance": conformance, "collectives": collectives,
-     "lost_peer": lost_peer}[sys.argv[1]]()
+     "lost_peer": lost_peer, "alltoall": alltoall,
+     "registry_mismatch": registry_mismatch}[sys.argv[1]]()

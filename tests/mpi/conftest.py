@@ -118,14 +118,13 @@ def elastic_dir():  # type: ignore[no-untyped-def]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under torchrun, every test of alltoall or Adasum (by name or parameter) skips: the
-    torch transport has neither yet (hvdlite/backends/on_transport.py; Adasum's backend
-    runs on an MPI communicator). Files made of mpi4py's objects are not run under
-    torchrun at all (GLOO_TESTS in the Makefile)."""
+    """Under torchrun, every test of Adasum (by name or parameter) skips: its backend runs
+    on an MPI communicator. Files made of mpi4py's objects are not run under torchrun at
+    all (GLOO_TESTS in the Makefile)."""
     if not under_torchrun():
         return
     for item in items:
-        for what in ("alltoall", "adasum"):
+        for what in ("adasum",):
             if what in item.nodeid.lower():
                 item.add_marker(pytest.mark.skip(reason=(
                     f"needs MPI, not torchrun's Gloo: the torch transport has no {what} yet")))

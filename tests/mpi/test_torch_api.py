@@ -99,11 +99,10 @@ def test_tensor_collectives_and_dtypes() -> None:
     inplace = torch.full((2, 3), float(rank))[:, ::2]      # non-contiguous view
     hvd.allreduce_(inplace, op=hvd.Max, name="t.inplace")
     assert torch.equal(inplace, torch.full((2, 2), float(size - 1)))
-    if not under_torchrun():     # the torch transport has no alltoall yet
-        received, splits = hvd.alltoall(torch.arange(size, dtype=torch.float32) + 10 * rank,
-                                        splits=[1] * size, name="t.a2a")
-        assert torch.equal(splits, torch.ones(size, dtype=torch.int32))
-        assert torch.equal(received, torch.tensor([10.0 * r + rank for r in range(size)]))
+    received, splits = hvd.alltoall(torch.arange(size, dtype=torch.float32) + 10 * rank,
+                                    splits=[1] * size, name="t.a2a")
+    assert torch.equal(splits, torch.ones(size, dtype=torch.int32))
+    assert torch.equal(received, torch.tensor([10.0 * r + rank for r in range(size)]))
     scattered = hvd.reducescatter(torch.ones(size * 2, 3), op=hvd.Sum, name="t.rs")
     assert torch.equal(scattered, torch.full((2, 3), float(size)))
     handle = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="t.async")

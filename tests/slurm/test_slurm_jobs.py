@@ -219,7 +219,8 @@ def test_elastic_job_preempted_with_usr1_is_requeued_and_finishes_as_uninterrupt
     assert not list(tmp_path.glob("hvdlite-elastic-*")), "a finished job removes its state"
 
 
-def test_torchrun_template_runs_hvdlite_on_the_torch_transport(cluster: Cluster) -> None:
+def test_torchrun_template_runs_hvdlite_on_the_torch_transport(cluster: Cluster,
+                                                                tmp_path: Path) -> None:
     """jobs/slurm_torchrun.sbatch: one torchrun per node, two ranks each, meeting at a c10d
     rendezvous. The two "nodes" share this host's name, so the ranks' node split (by host
     name) puts all four on one node; SLURM's ids describe the torchrun tasks, not the
@@ -230,7 +231,8 @@ def test_torchrun_template_runs_hvdlite_on_the_torch_transport(cluster: Cluster)
                            [sys.executable, "-m", "tests.slurm.probe"],
                            ["--nodes=2", "--cpus-per-task=1"],
                            extra_env=_job_env(Path(sys.executable).parent, NPROC_PER_NODE="2",
-                                              RDZV_HOST="127.0.0.1", RDZV_PORT=str(free_port())))
+                                              RDZV_HOST="127.0.0.1", RDZV_PORT=str(free_port()),
+                                              TMPDIR=str(tmp_path)))   # torchrun's leftovers
     assert code == 0, output
     views = _probe(output)
     assert [v["rank"] for v in views] == [0, 1, 2, 3]

@@ -222,6 +222,16 @@ class ThreadTransport:
             raise FakeTransportError(f"rank {self.rank}: counts {list(counts)} do not match")
         recv[...] = np.concatenate(parts)
 
+    def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
+                       recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        bounds = np.cumsum([0] + [int(c) for c in send_counts])
+        pieces = [send[bounds[r]: bounds[r + 1]].copy() for r in range(self.size)]
+        mine = [part[self.rank] for part in self._exchange(pieces)]
+        if [p.size for p in mine] != [int(c) for c in recv_counts]:
+            raise FakeTransportError(f"rank {self.rank}: recv counts {list(recv_counts)} "
+                                     f"do not match those sent ({[p.size for p in mine]})")
+        recv[...] = np.concatenate(mine) if mine else recv
+
     def abort(self, status: int) -> None:
         self.hub.aborts.append((self.rank, status))
 

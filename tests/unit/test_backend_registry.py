@@ -52,7 +52,7 @@ def _picked(chain: BackendChain, nbytes: int = 8, kind: str = "allreduce",
 def test_a_registered_host_backend_is_asked_before_mpi_and_the_rest_fall_through() -> None:
     register_backend("toy", _toy("toy"))
     chain = _chain()
-    assert [e.name for e in registry.entries()][:2] == ["toy", "adasum"]
+    assert [e.name for e in registry.entries()][:3] == ["toy", "transport", "adasum"]
     assert _picked(chain) == "toy" and _picked(chain, 1 << 30) == "toy"
     assert _picked(chain, kind="broadcast") == "mpi"             # what it lacks: MPI
     assert _picked(chain, op=ReduceOp.ADASUM) == "adasum"
@@ -93,7 +93,7 @@ def test_an_unknown_name_is_refused_naming_it_and_every_registered_one() -> None
     assert isinstance(info.value, ConfigError)
     message = str(info.value)
     assert "HVDLITE_BACKENDS names backend 'tyo', which is not registered" in message
-    assert "adasum, mpi, nccl, ps, ring, staged, toy" in message
+    assert "adasum, mpi, nccl, ps, ring, staged, toy, transport" in message
     with pytest.raises(UnknownBackendError, match="before= names backend 'rign'"):
         register_backend("other", _toy("other"), before="rign")
     assert "other" not in registry.names()
@@ -205,3 +205,19 @@ def test_the_cuda_plugin_fills_in_nccl_and_staged_where_they_were_declared(
         gpu.staged.StagedBackend
     chain.configure(Config.load({}, gpu_allreduce="mpi"))
     assert _picked(chain, device="cuda:0") == "staged"
+
+
+def test_on_a_transport_world_the_transport_backend_alone_serves_host_data() -> None:
+    """torchrun's world (a transport, not an MPI communicator): the registry's built-in
+    "transport" backend is asked and the MPI-based ones step aside; on an MPI world,
+    the other way round. A registered backend is asked first on either."""
+    from tests.unit.fake_transport import run_transports
+    register_backend("toy", _toy("toy", up_to=16))
+    on_mpi = _chain()
+    on_mpi.open_set(0, RecordingComm(2))
+    assert [b.name for b in on_mpi.chain_for("cpu")] == ["toy", "adasum", "ring", "mpi"]
+    on_gloo = _chain(backends="cpu:transport")     # HVDLITE_BACKENDS may name it
+    run_transports(1, lambda t: on_gloo.open_set(0, t))
+    assert [b.name for b in on_gloo.chain_for("cpu")] == ["transport", "toy"]
+    assert _picked(on_gloo, 1 << 20) == _picked(on_gloo, 8) == "transport"
+    assert _picked(on_gloo, kind="alltoall") == "transport"

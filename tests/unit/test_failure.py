@@ -53,7 +53,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
         ("sleep", s))))  # type: ignore[arg-type]
     monkeypatch.setattr(failure, "socket", SimpleNamespace(gethostname=lambda: "node7"))
     for name, value in (("_installed", False), ("_who", None), ("_exit_status", None),
-                        ("_broken", None)):
+                        ("_broken", None), ("_transport", "mpi")):
         monkeypatch.setattr(failure, name, value)
     yield fake
 
@@ -252,7 +252,7 @@ def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
     err = capfd.readouterr().err
     assert err.startswith("[hvdlite] rank 1 of 4 on node7: exiting after losing a peer; "
                           "aborting the job with status 1,")
-    assert err.endswith("The loss: rank 3 exited\n")
+    assert err.endswith("The loss: rank 3 exited\n") and "MPI_Finalize would wait" in err
     assert ends.calls == [("sleep", failure.BROKEN_EXIT_GRACE_S), ("Abort", 1), ("_exit", 1)]
     # A process ending through sys.exit(4) after the loss aborts with 4.
     ends.calls.clear()
@@ -260,6 +260,19 @@ def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
     with pytest.raises(Aborted):
         failure.abort_if_broken()
     assert ends.calls[1:] == [("Abort", 4), ("_exit", 4)]
+
+
+def test_under_another_transport_the_abort_names_it_not_mpi(
+        ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=lambda f: None))
+    failure.use_transport("gloo")
+    failure.mark_broken(1, 4, "rank 3 exited")
+    with pytest.raises(Aborted):
+        failure.abort_if_broken()
+    err = capfd.readouterr().err
+    assert "MPI" not in err and "torch.distributed (gloo) would wait for the lost rank" in err
+    assert failure.transport_label() == "torch.distributed (gloo)"
+    assert failure.transport_label("mpi") == "MPI"
 
 
 def test_a_loss_found_here_is_said_in_one_line_at_once(

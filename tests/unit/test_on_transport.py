@@ -54,6 +54,21 @@ def test_allgather_broadcast_and_reducescatter() -> None:
         assert recv == [1, 2, 2, 3, 3, 3] and buf == [2.0, 2.0] and out == slices[rank]
 
 
+def test_alltoall_sends_each_rank_its_part() -> None:
+    def steps(t: ThreadTransport) -> Any:
+        backend = _on(t)
+        counts = [t.rank + to for to in range(3)]        # bytes to each rank; 0 from 0 to 0
+        send = np.concatenate([np.full(c, 10 * t.rank + to, dtype=np.uint8)
+                               for to, c in enumerate(counts)])
+        recv_counts = [r + t.rank for r in range(3)]
+        recv = np.zeros(sum(recv_counts), dtype=np.uint8)
+        backend.alltoall(4, send, counts, recv, recv_counts)
+        return recv.tolist(), backend.traffic.totals
+    for rank, (recv, (sent, received)) in enumerate(run_transports(3, steps)):
+        assert recv == [10 * r + rank for r in range(3) for _ in range(r + rank)]
+        assert (sent, received) == (3 * rank + 3 - 2 * rank, 3 * rank + 3 - 2 * rank)
+
+
 def test_it_serves_only_sets_opened_on_a_transport_and_only_elementwise_host_calls() -> None:
     backend = TransportBackend()
     backend.open_set(0, RecordingComm(2))                  # an MPI communicator: not ours
@@ -61,7 +76,7 @@ def test_it_serves_only_sets_opened_on_a_transport_and_only_elementwise_host_cal
     run_transports(1, lambda t: backend.open_set(1, t))
     assert backend.supports("allreduce", np.dtype("f4"), "cpu", 8, ReduceOp.PRODUCT)
     assert backend.supports("reducescatter", np.dtype("f4"), "cpu", 8)
-    assert not backend.supports("alltoall", np.dtype("f4"), "cpu", 8)
+    assert backend.supports("alltoall", np.dtype("u1"), "cpu", 8)
     assert not backend.supports("allreduce", np.dtype("f4"), "cpu", 8, ReduceOp.ADASUM)
     assert not backend.supports("allreduce", np.dtype("f4"), "cuda:0", 8)
     backend.close_set(1)
