@@ -151,8 +151,8 @@ class Engine:
                              "not taking part in negotiation", timeout)
                 # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
                 failure.mark_broken(self.topology.rank, self.topology.size,
-                                    "the hvdlite engine is stuck in a "
-                                    f"{failure.transport_label(self.transport.name)} call")
+                                    "the hvdlite engine is stuck inside "
+                                    f"{failure.transport_label(self.transport.name)}")
         if self.timeline is not None:
             self.timeline.close()
             self.timeline = None

@@ -136,7 +136,7 @@ def test_an_engine_stuck_past_the_timeout_is_reported(world: SimpleNamespace,
     engine.shutdown(timeout=2.0)
     assert joins == [2.0]
     assert "did not stop within 2 s" in log.text
-    assert world.broken == [(0, 1, "the hvdlite engine is stuck in an MPI call")]
+    assert world.broken == [(0, 1, "the hvdlite engine is stuck inside MPI")]
 
 
 @pytest.mark.parametrize("exiting, dead, expected", [
