@@ -41,7 +41,11 @@ def scratch(directory: Path) -> dict[str, str]:
     (directory / ".venv").symlink_to(Path(sys.prefix))
     for script in ("train.py", "script.py"):          # the docs' names for your program
         (directory / script).write_text(TRAIN_PY)
+    # What the commands leave in TMPDIR (torchrun's torchelastic_* folders, TensorFlow's
+    # autograph files) stays in the test's own directory, which pytest removes.
+    (directory / "tmp").mkdir()
     return dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
+                TMPDIR=str(directory / "tmp"),
                 PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
