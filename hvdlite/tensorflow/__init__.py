@@ -11,9 +11,10 @@ from typing import Any
 
 import hvdlite as _hvd
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES
-from hvdlite.tensorflow.basics import (_executing_eagerly, broadcast_global_variables,
-                                       local_rank_op, local_size_op, process_set_included_op,
-                                       rank_op, size_op)
+from hvdlite.tensorflow.basics import (BroadcastGlobalVariablesHook, _executing_eagerly,
+                                       broadcast_global_variables, local_rank_op,
+                                       local_size_op, process_set_included_op, rank_op,
+                                       size_op)
 from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,
                                           broadcast_variables)
 from hvdlite.tensorflow.graph import XlaCompileError
@@ -39,5 +40,6 @@ def __getattr__(name: str) -> Any:
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "SyncBatchNormalization", "broadcast_variables", "broadcast_global_variables",
+    "BroadcastGlobalVariablesHook",
     "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
     "XlaCompileError", "elastic"]

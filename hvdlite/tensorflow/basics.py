@@ -7,7 +7,7 @@ graph runs, not when it is traced, as Horovod's are.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -73,8 +73,9 @@ def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None)
         process_set_id, "process_set_included_op")), name)
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """TF1's broadcast of ``tf.compat.v1.global_variables()``. TF2 code runs eagerly
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TF1's broadcast of ``tf.compat.v1.global_variables()``: the op to run in the
+    session after the variables are initialized. TF2 code runs eagerly
     and keeps its variables in models and optimizers, not in a global collection:
     there this raises a UsageError (a RuntimeError, as Horovod's) naming what to call."""
     if graph.eager():
@@ -84,4 +85,24 @@ def broadcast_global_variables(root_rank: int) -> None:
             "root_rank) and hvd.broadcast_variables(optimizer.variables, root_rank), or use "
             "hvdlite.keras.callbacks.BroadcastGlobalVariablesCallback with model.fit")
     from hvdlite.tensorflow.functions import broadcast_variables
-    broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """For ``tf.compat.v1.train.MonitoredTrainingSession``: once the session has
+    initialized the variables, overwrite every rank's global variables with
+    ``root_rank``'s. ``device`` is accepted for Horovod (the broadcast runs on the host)."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self._op: Any = None
+
+    def begin(self) -> None:
+        # The session's graph is final after begin(): build the op here, once per graph.
+        if self._op is None or self._op.graph is not tf.compat.v1.get_default_graph():
+            self._op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        session.run(self._op)

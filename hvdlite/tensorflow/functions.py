@@ -12,7 +12,7 @@ from hvdlite.api.process_set import ProcessSet
 from hvdlite.api import variable_check
 from hvdlite.tensorflow import graph
 from hvdlite.tensorflow.adapter import TENSORFLOW
-from hvdlite.tensorflow.ops import OPS
+from hvdlite.tensorflow.ops import OPS, assigned
 
 
 def variable_name(variable: Any, index: int) -> str:
@@ -36,9 +36,10 @@ def check_same_variables(variables: Sequence[Any], what: str,
 
 @graph.entry_point
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
-                        process_set: Optional[ProcessSet] = None) -> None:
+                        process_set: Optional[ProcessSet] = None) -> Optional[tf.Operation]:
     """Overwrite every rank's variables with ``root_rank``'s (tf.Variables or Keras
-    variables), eagerly or inside tf.function (e.g. on the first training step)."""
+    variables), eagerly or inside tf.function (e.g. on the first training step). In a
+    TF1 graph, returns the op that does it, to run in the session (as Horovod's)."""
     variables = list(variables)
     for variable in variables:
         TENSORFLOW.require(variable, "broadcast_variables")
@@ -52,9 +53,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         for handle in handles:
             OPS["synchronize"](handle)     # assigns the root's value (adapter.inplace_done)
         return
-    for variable, name in zip(variables, names):
-        variable.assign(OPS["broadcast"](variable, root_rank, name=name,
-                                         process_set=process_set))
+    values = [OPS["broadcast"](v, root_rank, name=n, process_set=process_set)
+              for v, n in zip(variables, names)]
+    return tf.group(*assigned(variables, values))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,

@@ -142,29 +142,51 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, process_s
 
 
 # -- in-place forms on variables: eager through the adapter, assign in a graph ----------------
+def assigned(variables: list[Any], values: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Assign each value to its variable in a graph; returns the new values, read after
+    every assignment. A TF1 graph (run by a Session) runs only what a fetched tensor
+    depends on: an assignment nothing depends on never runs, and the variable then reads
+    its old value (tf.function's automatic control dependencies do not reach there)."""
+    targets = [_assignable(v) for v in variables]
+    updates = [t.assign(tf.cast(x, t.dtype)) for t, x in zip(targets, values)]
+    with tf.control_dependencies(updates):
+        return [tf.identity(t) for t in targets]
+
+
+def _assignable(variable: Any) -> Any:
+    """The tf.Variable to assign: a Keras variable's assign drops the assign op in a TF1
+    graph, so assign the tf.Variable behind it."""
+    backing = getattr(variable, "value", None)
+    return backing if not isinstance(variable, tf.Variable) and isinstance(backing, tf.Variable) \
+        else variable
+
+
 def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[int] = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: PS = None) -> Any:
-    """Reduce a tf.Variable (or Keras variable) in place; returns it."""
+    """Reduce a tf.Variable (or Keras variable) in place; returns it (in a TF1 graph, its
+    new value, which runs the reduction when fetched)."""
     if graph.eager() or not is_variable(tensor):
         return _OPS["allreduce_"](tensor, average, name, op, prescale_factor, postscale_factor,
                                   process_set)
-    tensor.assign(allreduce(tensor, average, name, None, op, prescale_factor, postscale_factor,
-                            process_set))
-    return tensor
+    reduced = allreduce(tensor, average, name, None, op, prescale_factor, postscale_factor,
+                        process_set)
+    new_value = assigned([tensor], [reduced])[0]
+    return tensor if tf.inside_function() else new_value
 
 
 def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,
                process_set: PS = None) -> Any:
-    """Overwrite a tf.Variable (or Keras variable) with ``root_rank``'s value; returns it.
-    Given a list of variables (Horovod's TensorFlow form), overwrites each and returns
-    their new values, as tensors."""
+    """Overwrite a tf.Variable (or Keras variable) with ``root_rank``'s value; returns it
+    (in a TF1 graph, its new value, which runs the broadcast when fetched). Given a list of
+    variables (Horovod's TensorFlow form), overwrites each and returns their new values, as
+    tensors."""
     if isinstance(tensor, (list, tuple)):
         return _broadcast_variables_(list(tensor), root_rank, name, process_set)
     if graph.eager() or not is_variable(tensor):
         return _OPS["broadcast_"](tensor, root_rank, name, process_set)
-    tensor.assign(broadcast(tensor, root_rank, name, process_set))
-    return tensor
+    new_value = assigned([tensor], [broadcast(tensor, root_rank, name, process_set)])[0]
+    return tensor if tf.inside_function() else new_value
 
 
 def _broadcast_variables_(variables: list[Any], root_rank: int, name: Optional[str],
@@ -175,10 +197,9 @@ def _broadcast_variables_(variables: list[Any], root_rank: int, name: Optional[s
                    for v, n in zip(variables, names)]
         for handle in handles:
             _OPS["synchronize"](handle)
-    else:
-        for variable, label in zip(variables, names):
-            variable.assign(broadcast(variable, root_rank, label, process_set))
-    return [graph.as_tensor(v) for v in variables]
+        return [graph.as_tensor(v) for v in variables]
+    values = [broadcast(v, root_rank, label, process_set) for v, label in zip(variables, names)]
+    return assigned(variables, values)
 
 
 def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
@@ -191,9 +212,8 @@ def grouped_allreduce_(tensors: Sequence[Any], average: Optional[bool] = None,
                                           postscale_factor, process_set)
     reduced = grouped_allreduce(tensors, average, name, None, op, prescale_factor,
                                 postscale_factor, process_set)
-    for variable, value in zip(tensors, reduced):
-        variable.assign(value)
-    return tensors
+    new_values = assigned(tensors, reduced)
+    return tensors if tf.inside_function() else new_values
 
 
 # -- the other collectives: graph-capable, not differentiable ---------------------------------
