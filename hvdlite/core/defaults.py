@@ -1,14 +1,18 @@
 """Topology-aware defaults: settings the user left unset, chosen from where the
 ranks run instead of fixed numbers.
 
-The fixed defaults were measured with one rank per core. When the ranks of a node
-outnumber the CPUs the job may use (``hvdlite.core.cpus``: the affinity mask and
-a cgroup quota) and they compute on those CPUs, every CPU cycle hvdlite spends
-is taken from some rank's forward and backward pass, and throughput follows the
-total CPU per step, not the latency of one reduction. There the reduction that
-costs the least CPU wins (BENCHMARKS.md, the np=4 analysis: 4 ranks on 2 cores,
-the engine's CPU per step 1.76x the hand-fused loop's Allreduce; MPICH's own
-Allreduce in the ring's place cut it by 12% at the same throughput).
+The fixed defaults were measured with idle reductions, a core per rank. When the
+ranks of a node compute on every CPU the job may use (``hvdlite.core.cpus``: the
+affinity mask and a cgroup quota), as many ranks as CPUs or more, each rank's
+engine thread has no CPU of its own: every CPU cycle hvdlite spends is taken
+from some rank's forward and backward pass, and throughput follows the total
+CPU per step, not the latency of one reduction. There the reduction that costs
+the least CPU wins (BENCHMARKS.md, the np=4 analysis: 4 ranks on 2 cores, the
+engine's CPU per step 1.76x the hand-fused loop's Allreduce; MPICH's own
+Allreduce in the ring's place cut it by 12% at the same throughput). A rank per
+core is such a node too (issue 38: 2 ranks on 2 cores training the transformer,
+the ring's engine took 8-30 ms of CPU per step more than MPI's Allreduce, paired
+launches).
 
 Ranks that compute on GPUs are weighed differently: their CPU mostly waits for
 the GPU, so an extra rank per core does not take compute from anyone, and the
@@ -27,6 +31,15 @@ from typing import Any, Iterable
 from hvdlite.core import cpus
 
 _log = logging.getLogger("hvdlite")
+
+# HVDLITE_CYCLE_TIME (ms) on a crowded node. While any rank has work, every engine
+# runs a negotiation round each cycle (~0.16 ms of CPU per round here), and ranks
+# whose backward passes drift apart keep that up for the whole drift. At np=2 on 2
+# cores (issue 38, the bench transformer, paired launches) 1 ms gave 130-330 rounds
+# and 47-94 ms of engine CPU per step; 4 ms, 51-88 rounds and 39-49 ms. A round the
+# lagging rank starts (its own gradients ready) still begins at once; the cycle only
+# bounds how long the other rank takes to join it: at most 4 ms, on the last bucket.
+CROWDED_CYCLE_MS = 4.0
 
 # HVDLITE_RING_THRESHOLD that no buffer reaches: under HVDLITE_ALLREDUCE=auto,
 # MPI's Allreduce at every size. (2^62 bytes: far beyond any buffer, and an int,
@@ -55,8 +68,10 @@ class Node:
 
     @property
     def cpu_bound_sharing(self) -> bool:
-        """More ranks than CPUs, and at least one of them computes on the CPU."""
-        return self.ranks > self.cpus and self.cpu_ranks > 0
+        """At least as many ranks as CPUs, and at least one of them computes on the
+        CPU: with a core per rank the engine threads still share the cores that
+        forward and backward keep busy."""
+        return self.ranks >= self.cpus and self.cpu_ranks > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +102,12 @@ def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any
             f"HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): {crowded.ranks} "
             f"ranks compute on {crowded.cpus:g} CPUs of one node, so the reduction that "
             "costs the least CPU wins")
+    if crowded is not None and "cycle_time" not in fixed:
+        changes["cycle_time"] = CROWDED_CYCLE_MS
+        reasons.append(
+            f"HVDLITE_CYCLE_TIME={CROWDED_CYCLE_MS:g} (negotiation rounds while a rank waits "
+            f"for its peers' gradients cost CPU): {crowded.ranks} ranks compute on "
+            f"{crowded.cpus:g} CPUs of one node")
     return changes, reasons
 
 

@@ -61,16 +61,25 @@ def test_cpus_available_is_the_affinity_capped_by_the_quota(tmp_path: Path,
 def test_ranks_sharing_the_cpus_they_compute_on_use_mpis_allreduce() -> None:
     placement = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
     changes, reasons = defaults.choose(placement, explicit=())
-    assert changes == {"ring_threshold": NO_RING}
+    assert changes == {"ring_threshold": NO_RING, "cycle_time": defaults.CROWDED_CYCLE_MS}
     assert reasons == ["HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): 4 ranks "
                        "compute on 2 CPUs of one node, so the reduction that costs the least "
-                       "CPU wins"]
+                       "CPU wins",
+                       "HVDLITE_CYCLE_TIME=4 (negotiation rounds while a rank waits for its "
+                       "peers' gradients cost CPU): 4 ranks compute on 2 CPUs of one node"]
+
+
+def test_a_core_per_rank_leaves_the_engines_no_cpu_of_their_own() -> None:
+    """Issue 38: 2 ranks on 2 cores, training; each engine thread shares its rank's core."""
+    placement = Placement((Node(ranks=2, cpu_ranks=2, cpus=2.0),))
+    assert defaults.choose(placement, explicit=())[0] == {
+        "ring_threshold": NO_RING, "cycle_time": defaults.CROWDED_CYCLE_MS}
 
 
 @pytest.mark.parametrize("node", [
-    Node(ranks=2, cpu_ranks=2, cpus=2.0),      # one core each: the measured defaults
     Node(ranks=4, cpu_ranks=0, cpus=2.0),      # four GPUs: their CPU mostly waits
-    Node(ranks=2, cpu_ranks=2, cpus=2.5),
+    Node(ranks=2, cpu_ranks=2, cpus=2.5),      # CPU to spare for the engines
+    Node(ranks=2, cpu_ranks=2, cpus=4.0),
 ])
 def test_a_core_per_rank_or_gpus_keep_the_fixed_defaults(node: Node) -> None:
     assert defaults.choose(Placement((node,)), explicit=()) == ({}, [])
@@ -81,12 +90,14 @@ def test_one_crowded_node_decides_for_every_rank() -> None:
     never meet. The slowest node sets the pace, so its need wins."""
     placement = Placement((Node(2, 2, 8.0), Node(8, 8, 4.0), Node(3, 3, 2.0)))
     assert placement.crowded == Node(8, 8, 4.0)         # the most ranks per CPU
-    assert defaults.choose(placement, ())[0] == {"ring_threshold": NO_RING}
+    assert defaults.choose(placement, ())[0]["ring_threshold"] == NO_RING
 
 
 def test_a_setting_the_user_gave_is_kept() -> None:
     placement = Placement((Node(4, 4, 2.0),))
-    assert defaults.choose(placement, explicit={"ring_threshold"}) == ({}, [])
+    assert defaults.choose(placement, explicit={"ring_threshold", "cycle_time"}) == ({}, [])
+    assert list(defaults.choose(placement, explicit={"cycle_time"})[0]) == ["ring_threshold"]
+    assert list(defaults.choose(placement, explicit={"ring_threshold"})[0]) == ["cycle_time"]
 
 
 def test_describe_bytes() -> None:
