@@ -22,8 +22,9 @@ from hvdlite.tensorflow.ops import OPS as _OPS
 from hvdlite.tensorflow.optimizer import DistributedOptimizer
 from hvdlite.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 from hvdlite.tensorflow import elastic
-# Horovod's submodules, which scripts name (hvd.mpi_ops.Sum, horovod.tensorflow.compression).
-from hvdlite.tensorflow import compression, mpi_ops  # noqa: F401
+# Horovod's submodules, which scripts name (hvd.mpi_ops.Sum, horovod.tensorflow.compression,
+# hvd.util._executing_eagerly).
+from hvdlite.tensorflow import compression, mpi_ops, util  # noqa: F401
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
                   if name not in ("broadcast_object", "allgather_object")})

@@ -52,3 +52,13 @@ def test_the_imports_of_a_horovod_keras_script() -> None:
     from hvdlite.tensorflow.mpi_ops import Sum
     assert hvd_keras.callbacks is callbacks and callbacks.BroadcastGlobalVariablesCallback
     assert (Compression, Sum) == (hvd_keras.Compression, hvd_keras.Sum)
+
+
+def test_tensorflow_util_names_executing_eagerly() -> None:
+    """Horovod's own TensorFlow tests (and some scripts) call ``hvd.util._executing_eagerly()``."""
+    tf = pytest.importorskip("tensorflow")
+    import hvdlite.tensorflow as hvd_tf
+    util = importlib.import_module("hvdlite.tensorflow.util")
+    assert hvd_tf.util is util and util._executing_eagerly() is True
+    with tf.Graph().as_default():
+        assert util._executing_eagerly() is False

@@ -38,7 +38,7 @@ def test_broadcast_inplace_list_takes_the_roots_values(dtype, resource: bool) ->
     with graph.as_default(), sess:
         shapes = [(17,), (3, 5), (0,), (2, 1, 3)]
         variables = [_variable(np.full(s, r, dtype.as_numpy_dtype), resource) for s in shapes]
-        for root in range(n):
+        for root in sorted({0, n - 1}):
             sess.run(tf.compat.v1.global_variables_initializer())   # every rank its own again
             new_values = hvd.broadcast_(variables, root)
             for value, fetched, shape in zip(new_values, sess.run(new_values), shapes):
