@@ -32,15 +32,6 @@ from hvdlite.core import cpus
 
 _log = logging.getLogger("hvdlite")
 
-# HVDLITE_CYCLE_TIME (ms) on a crowded node. While any rank has work, every engine
-# runs a negotiation round each cycle (~0.16 ms of CPU per round here), and ranks
-# whose backward passes drift apart keep that up for the whole drift. At np=2 on 2
-# cores (issue 38, the bench transformer, paired launches) 1 ms gave 130-330 rounds
-# and 47-94 ms of engine CPU per step; 4 ms, 51-88 rounds and 39-49 ms. A round the
-# lagging rank starts (its own gradients ready) still begins at once; the cycle only
-# bounds how long the other rank takes to join it: at most 4 ms, on the last bucket.
-CROWDED_CYCLE_MS = 4.0
-
 # HVDLITE_RING_THRESHOLD that no buffer reaches: under HVDLITE_ALLREDUCE=auto,
 # MPI's Allreduce at every size. (2^62 bytes: far beyond any buffer, and an int,
 # as every other byte setting.)
@@ -102,12 +93,6 @@ def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any
             f"HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): {crowded.ranks} "
             f"ranks compute on {crowded.cpus:g} CPUs of one node, so the reduction that "
             "costs the least CPU wins")
-    if crowded is not None and "cycle_time" not in fixed:
-        changes["cycle_time"] = CROWDED_CYCLE_MS
-        reasons.append(
-            f"HVDLITE_CYCLE_TIME={CROWDED_CYCLE_MS:g} (negotiation rounds while a rank waits "
-            f"for its peers' gradients cost CPU): {crowded.ranks} ranks compute on "
-            f"{crowded.cpus:g} CPUs of one node")
     return changes, reasons
 
 

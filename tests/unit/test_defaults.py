@@ -61,19 +61,16 @@ def test_cpus_available_is_the_affinity_capped_by_the_quota(tmp_path: Path,
 def test_ranks_sharing_the_cpus_they_compute_on_use_mpis_allreduce() -> None:
     placement = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
     changes, reasons = defaults.choose(placement, explicit=())
-    assert changes == {"ring_threshold": NO_RING, "cycle_time": defaults.CROWDED_CYCLE_MS}
+    assert changes == {"ring_threshold": NO_RING}
     assert reasons == ["HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): 4 ranks "
                        "compute on 2 CPUs of one node, so the reduction that costs the least "
-                       "CPU wins",
-                       "HVDLITE_CYCLE_TIME=4 (negotiation rounds while a rank waits for its "
-                       "peers' gradients cost CPU): 4 ranks compute on 2 CPUs of one node"]
+                       "CPU wins"]
 
 
 def test_a_core_per_rank_leaves_the_engines_no_cpu_of_their_own() -> None:
     """Issue 38: 2 ranks on 2 cores, training; each engine thread shares its rank's core."""
     placement = Placement((Node(ranks=2, cpu_ranks=2, cpus=2.0),))
-    assert defaults.choose(placement, explicit=())[0] == {
-        "ring_threshold": NO_RING, "cycle_time": defaults.CROWDED_CYCLE_MS}
+    assert defaults.choose(placement, explicit=())[0] == {"ring_threshold": NO_RING}
 
 
 @pytest.mark.parametrize("node", [
@@ -90,14 +87,12 @@ def test_one_crowded_node_decides_for_every_rank() -> None:
     never meet. The slowest node sets the pace, so its need wins."""
     placement = Placement((Node(2, 2, 8.0), Node(8, 8, 4.0), Node(3, 3, 2.0)))
     assert placement.crowded == Node(8, 8, 4.0)         # the most ranks per CPU
-    assert defaults.choose(placement, ())[0]["ring_threshold"] == NO_RING
+    assert defaults.choose(placement, ())[0] == {"ring_threshold": NO_RING}
 
 
 def test_a_setting_the_user_gave_is_kept() -> None:
     placement = Placement((Node(4, 4, 2.0),))
-    assert defaults.choose(placement, explicit={"ring_threshold", "cycle_time"}) == ({}, [])
-    assert list(defaults.choose(placement, explicit={"cycle_time"})[0]) == ["ring_threshold"]
-    assert list(defaults.choose(placement, explicit={"ring_threshold"})[0]) == ["cycle_time"]
+    assert defaults.choose(placement, explicit={"ring_threshold"}) == ({}, [])
 
 
 def test_describe_bytes() -> None:
