@@ -137,8 +137,8 @@ class Config:
         2 << 20, parse_bytes,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
         "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
-        "rank. Unset, it is never (MPI's Allreduce at every size) where a node has as "
-        "many ranks as CPUs or more and they compute on them (hvdlite.core.defaults).")
+        "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
+        "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
     ring_chunk: int = _knob(
         256 << 10, parse_bytes,
         "Bytes per message in the ring; large segments are pipelined in chunks of "

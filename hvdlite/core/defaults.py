@@ -1,18 +1,14 @@
 """Topology-aware defaults: settings the user left unset, chosen from where the
 ranks run instead of fixed numbers.
 
-The fixed defaults were measured with idle reductions, a core per rank. When the
-ranks of a node compute on every CPU the job may use (``hvdlite.core.cpus``: the
-affinity mask and a cgroup quota), as many ranks as CPUs or more, each rank's
-engine thread has no CPU of its own: every CPU cycle hvdlite spends is taken
-from some rank's forward and backward pass, and throughput follows the total
-CPU per step, not the latency of one reduction. There the reduction that costs
-the least CPU wins (BENCHMARKS.md, the np=4 analysis: 4 ranks on 2 cores, the
-engine's CPU per step 1.76x the hand-fused loop's Allreduce; MPICH's own
-Allreduce in the ring's place cut it by 12% at the same throughput). A rank per
-core is such a node too (issue 38: 2 ranks on 2 cores training the transformer,
-the ring's engine took 8-30 ms of CPU per step more than MPI's Allreduce, paired
-launches).
+The fixed defaults were measured with one rank per core. When the ranks of a node
+outnumber the CPUs the job may use (``hvdlite.core.cpus``: the affinity mask and
+a cgroup quota) and they compute on those CPUs, every CPU cycle hvdlite spends
+is taken from some rank's forward and backward pass, and throughput follows the
+total CPU per step, not the latency of one reduction. There the reduction that
+costs the least CPU wins (BENCHMARKS.md, the np=4 analysis: 4 ranks on 2 cores,
+the engine's CPU per step 1.76x the hand-fused loop's Allreduce; MPICH's own
+Allreduce in the ring's place cut it by 12% at the same throughput).
 
 Ranks that compute on GPUs are weighed differently: their CPU mostly waits for
 the GPU, so an extra rank per core does not take compute from anyone, and the
@@ -59,10 +55,8 @@ class Node:
 
     @property
     def cpu_bound_sharing(self) -> bool:
-        """At least as many ranks as CPUs, and at least one of them computes on the
-        CPU: with a core per rank the engine threads still share the cores that
-        forward and backward keep busy."""
-        return self.ranks >= self.cpus and self.cpu_ranks > 0
+        """More ranks than CPUs, and at least one of them computes on the CPU."""
+        return self.ranks > self.cpus and self.cpu_ranks > 0
 
 
 @dataclasses.dataclass(frozen=True)
