@@ -20,7 +20,7 @@ from hvdlite.api.compression import Compressor, compressed, compressed_all
 from hvdlite.core.requests import Kind
 from hvdlite.tensorflow import graph, scatter, sparse
 from hvdlite.tensorflow.gather import allgather, grouped_allgather
-from hvdlite.tensorflow.adapter import TENSORFLOW, is_variable
+from hvdlite.tensorflow.adapter import TENSORFLOW, is_keras_variable, is_variable
 from hvdlite.tensorflow.generated import GENERATED as _OPS, PS
 from hvdlite.tensorflow.generated import member_rank as _member_rank, refuse as _refuse
 
@@ -156,9 +156,7 @@ def assigned(variables: list[Any], values: list[tf.Tensor]) -> list[tf.Tensor]:
 def _assignable(variable: Any) -> Any:
     """The tf.Variable to assign: a Keras variable's assign drops the assign op in a TF1
     graph, so assign the tf.Variable behind it."""
-    backing = getattr(variable, "value", None)
-    return backing if not isinstance(variable, tf.Variable) and isinstance(backing, tf.Variable) \
-        else variable
+    return variable.value if is_keras_variable(variable) else variable
 
 
 def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
