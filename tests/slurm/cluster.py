@@ -27,6 +27,10 @@ def _config(root: Path, host: str, base_port: int) -> str:
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={base_port}
 AuthType=auth/munge
+# A requeued job may start again cred_expire + 1 s after its requeue (slurm.conf(5);
+# default 120 s, which the preempted elastic test spent waiting). 20 s still leaves a
+# step's credential time to reach a slurmd on a loaded machine.
+AuthInfo=cred_expire=20
 SlurmUser=root
 SlurmdUser=root
 ProctrackType=proctrack/linuxproc
