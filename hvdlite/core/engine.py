@@ -13,21 +13,22 @@ User threads only enqueue Requests and wait on handles. Each engine iteration:
    pending descriptor on the set's rank 0, which validates and broadcasts the
    responses;
 4. run the agreed responses in the same order on every rank.
+
+How it stops (a shutdown, an agreed stall, a lost peer, a crash) is in stopping.py,
+which ``Engine`` inherits.
 """
 from __future__ import annotations
 
 import array
 import collections
-import logging
 import os
 import threading
 import time
-import traceback
 from typing import Any, Optional, Sequence
 
 from hvdlite.backends import registry as backends_registry
 from hvdlite.config import fields_set as config_fields_set
-from hvdlite.core import deadlock, defaults, exit_guard, failure, liveness, outputs, stall, waiting
+from hvdlite.core import deadlock, defaults, exit_guard, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, ProcessSetRegistry,
@@ -36,17 +37,17 @@ from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
+from hvdlite.core.stopping import Stoppable
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
 from hvdlite.core.transport import Transport
-from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, PeerLostError,
-                            ShutdownError, StallError, error_class)
+from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, ShutdownError,
+                            StallError, error_class)
 
-_log = logging.getLogger("hvdlite")
 _CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
 
 
-class Engine:
+class Engine(Stoppable):
     def __init__(self, config: Any, transport: Transport, process_sets: RequestedSets = ()) -> None:
         self.config = config
         self._initial_sets = process_sets      # registered at setup, once every rank agrees
@@ -129,35 +130,6 @@ class Engine:
                 self.handles.wait(handle)
             except HvdliteError:
                 pass        # the marker's own verdict: this rank already raised its error
-
-    def raise_if_dead(self) -> None:
-        """Raise a fresh error of the engine's cause of death, chained to it."""
-        dead = self.dead
-        if dead is not None:
-            raise type(dead)(str(dead)) from dead
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        # From atexit the main thread is already marked stopped: the interpreter ends.
-        exiting = not threading.main_thread().is_alive()
-        if exiting and self.dead is None:
-            failure.abort_if_exiting_with_error()   # before the peers hear "shutdown"
-        self._shutdown_requested = True
-        self._doorbell.ring_always()
-        if (self._thread.is_alive() and threading.current_thread() is not self._thread
-                and not isinstance(self.dead, PeerLostError)):   # maybe stuck in MPI for good
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
-                             "not taking part in negotiation", timeout)
-                # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
-                failure.mark_broken(self.topology.rank, self.topology.size,
-                                    "the hvdlite engine is stuck inside "
-                                    f"{failure.transport_label(self.transport.name)}")
-        if self.timeline is not None:
-            self.timeline.close()
-            self.timeline = None
-        if exiting:
-            failure.abort_if_broken()   # an atexit hook registered during exit would not run
 
     # -- engine thread ---------------------------------------------------------------
     def _main(self) -> None:
@@ -280,14 +252,6 @@ class Engine:
             self._lost(message)
             raise liveness.RoundAbandoned(message)
 
-    def _lost(self, message: str) -> None:
-        """Also the sentinel's verdict, on its thread, while this one is stuck in MPI.
-        Reported before the user threads wake: under hydra, the first output after a
-        rank was killed ends the job (exit_guard.py)."""
-        if self.dead is None:
-            failure.report_loss(self.topology.rank, self.topology.size, message)
-            self._stop(PeerLostError(message))
-
     def _cached_responses(self, state: SetState, bits: list[int]) -> list[Response]:
         responses = [state.cache.response(b) for b in bits]
         if state.coordinator is not None and responses:
@@ -396,46 +360,10 @@ class Engine:
         if request is not None:
             self.complete(request, result)
 
-    # -- completion and failure -----------------------------------------------------------
+    # -- completion (failing and stopping: stopping.py) -----------------------------------
     def complete(self, request: Request, result: Any) -> None:
         # set.discard is atomic under the GIL; the user side only adds under its lock.
         self._in_flight[request.process_set_id].discard(request.desc.name)
         if (timeline := self.timeline) is not None:
             timeline.done(request, time.monotonic())
         self.handles.complete(request.handle, result)
-
-    def _fail(self, request: Request, error: BaseException) -> None:
-        self._in_flight.get(request.process_set_id, set()).discard(request.desc.name)
-        self.handles.fail(request.handle, error)
-
-    def fail_set(self, state: SetState, error: BaseException) -> None:
-        for request in list(state.pending.values()):
-            self._fail(request, error)
-        state.pending.clear()
-
-    def _stop(self, error: HvdliteError) -> None:
-        with self._submit_lock:
-            self.dead = error
-        while self._queue:
-            self._fail(self._queue.popleft(), error)
-        for state in self.registry.members():
-            self.fail_set(state, error)
-        self.handles.fail_all(error)
-
-    def _crash(self, exc: BaseException) -> None:
-        if isinstance(exc, liveness.RoundAbandoned) or isinstance(self.dead, PeerLostError):
-            return   # already stopped with PeerLostError; the user threads report it
-        if isinstance(exc, self.transport.failures) and (lost := self._sentinel.explain()):
-            self._lost(lost)   # it failed because a peer died (MPI: a copy from its memory)
-            return
-        rank = self.transport.rank
-        text = "".join(traceback.format_exception(exc))
-        self._stop(HvdliteError(f"hvdlite engine failed on rank {rank}: {exc!r}"))
-        _log.error("hvdlite engine failed on rank %d; this is a bug, please report it:\n%s",
-                   rank, text)
-        if self.config.abort_on_error:
-            time.sleep(failure.ABORT_GRACE_S)   # let the launcher forward the log first
-            try:
-                self.transport.abort(1)
-            finally:
-                os._exit(1)   # MPI_Abort may return once the launcher has the request

@@ -1,4 +1,5 @@
-"""Runs agreed responses: packs tensors, hands buffers to a backend, unpacks.
+"""Runs agreed responses: packs tensors, hands buffers to a backend, unpacks
+(the packing itself is in packing.py).
 
 Runs on the engine thread only. Every rank executes the same responses in
 the same order (fused allreduce groups first, then the rest as agreed), so
@@ -22,9 +23,10 @@ from hvdlite.core import fusion
 from hvdlite.core.scaling import Scale, scale
 from hvdlite.core.chain import BackendChain
 from hvdlite.core.devices import Fenced, array_namespace, described, device_type, ready_events
+from hvdlite.core.packing import as_bytes, direct_target, pack_group, pack_one, unpack_group
 from hvdlite.core.recorder import ReductionCount
 from hvdlite.core.requests import Kind, ReduceOp, Request, Response, to_dtype
-from hvdlite.reduce_op import OPS_BY_VALUE, identity
+from hvdlite.reduce_op import OPS_BY_VALUE
 
 Complete = Callable[[Request, Any], None]
 Started = tuple[Work, Any, Any]   # a collective's work, its result, its backend (or None)
@@ -207,16 +209,16 @@ class Executor:
         if device != "cpu" and self._reduce_each(set_id, group, requests, xp, wide, op,
                                                  postscale, device):
             return
-        direct = _direct_target(requests, first.dtype, wide)
+        direct = direct_target(requests, first.dtype, wide)
         if direct is not None:
             buf = direct
             backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
-            source = _pack_one(xp, requests[0], buf, first.desc.prescale,
-                               hasattr(backend, "allreduce_from"))
+            source = pack_one(xp, requests[0], buf, first.desc.prescale,
+                              hasattr(backend, "allreduce_from"))
         else:
             counts = [r.count for r in group]
             buf = self._fusion_view(device, wide, sum(counts))
-            _pack(xp, requests, counts, buf, first.desc.prescale, op)
+            pack_group(xp, requests, counts, buf, first.desc.prescale, op)
             backend = self.chain.pick("allreduce", wide, device, buf.nbytes, op)
             source = None
         timeline = self._timeline()     # looked up per phase: the user may start one
@@ -234,7 +236,7 @@ class Executor:
             if timeline is not None:
                 begin = self._span(timeline, requests, _activity(backend, "allreduce"), start)
             if direct is None:
-                _unpack(xp, requests, counts, buf, postscale)
+                unpack_group(xp, requests, counts, buf, postscale)
             elif postscale.needed:
                 postscale.apply(xp, buf)
             if timeline is not None:
@@ -289,7 +291,7 @@ class Executor:
         if kind is Kind.ALLGATHER:
             return self._allgather(set_id, response, request)
         if kind is Kind.BROADCAST:
-            buf = _bytes(request.output)
+            buf = as_bytes(request.output)
             backend = self.chain.pick("broadcast", buf.dtype, request.desc.device, buf.nbytes)
             return backend.broadcast(set_id, buf, response.desc.root), request.output, backend
         if kind is Kind.ALLTOALL:
@@ -331,7 +333,7 @@ class Executor:
         counts = [d * row_bytes for d in response.first_dims]
         xp = array_namespace(desc.device)
         out = xp.empty((sum(response.first_dims),) + desc.shape[1:], dtype=dtype)
-        send, recv = _bytes(request.array), _bytes(out)
+        send, recv = as_bytes(request.array), as_bytes(out)
         backend = self.chain.pick("allgather", recv.dtype, desc.device, recv.nbytes)
         return backend.allgather(set_id, send, recv, counts), out, backend
 
@@ -344,7 +346,7 @@ class Executor:
         recv_rows = [row[rank] for row in response.split_matrix]
         xp = array_namespace(desc.device)
         out = xp.empty((sum(recv_rows),) + desc.shape[1:], dtype=dtype)
-        send, recv = _bytes(request.array), _bytes(out)
+        send, recv = as_bytes(request.array), as_bytes(out)
         backend = self.chain.pick("alltoall", recv.dtype, desc.device, recv.nbytes)
         work = backend.alltoall(set_id, send, [r * row_bytes for r in send_rows],
                                 recv, [r * row_bytes for r in recv_rows])
@@ -354,71 +356,3 @@ class Executor:
 def _activity(backend: Any, kind: str) -> str:
     """A backend's part of a collective on the timeline, named as Horovod's (MPI_ALLREDUCE)."""
     return f"{backend.name}_{kind}".upper()
-
-
-def _direct_target(requests: Sequence[Optional[Request]], dtype: np.dtype,
-                   wide: np.dtype) -> Any:
-    """A lone tensor already in its reduction dtype is reduced in its own output."""
-    if len(requests) != 1 or requests[0] is None or dtype != wide:
-        return None
-    output = requests[0].output
-    return output.reshape(-1) if output is not None and output.flags.c_contiguous else None
-
-
-def _in_place(xp: Any, source: Any, buf: Any) -> bool:
-    """Whether a lone tensor is already in its output. The two are either the same
-    memory or separate allocations, so NumPy's bounds check decides it; CuPy's
-    shares_memory would run a kernel over every element, so compare pointers."""
-    if xp is np:
-        return np.may_share_memory(source, buf)
-    return source.data.ptr == buf.data.ptr
-
-
-def _pack_one(xp: Any, request: Request, buf: Any, prescale: float,
-              out_of_place: bool) -> Any:
-    """Get a lone tensor's input into its output ``buf``, scaled; or, where the
-    backend reduces out of place and nothing needs scaling, return the input for it
-    to read (a copy into a fresh output costs as much as a fast allreduce)."""
-    source = request.array
-    if source is request.output or _in_place(xp, source.reshape(-1), buf):
-        scale(xp, buf, prescale)
-    elif prescale != 1.0:
-        xp.multiply(source.reshape(-1), prescale, out=buf, casting="unsafe")
-    elif out_of_place:
-        return source.reshape(-1)
-    else:
-        buf[...] = source.reshape(-1)
-    return None
-
-
-def _pack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
-          buf: Any, prescale: float, op: ReduceOp) -> None:
-    if all(request is not None for request in requests):
-        xp.concatenate([r.array.reshape(-1) for r in requests], out=buf, casting="unsafe")
-        scale(xp, buf, prescale)
-        return
-    # This rank has joined: it contributes the op's identity (zeros for Sum), written
-    # after the prescale, which would turn Min's +inf into -inf for a negative factor.
-    for request, start, count in zip(requests, fusion.offsets(counts), counts):
-        buf[start:start + count] = 0 if request is None else request.array.reshape(-1)
-    scale(xp, buf, prescale)
-    fill = identity(op, buf.dtype)
-    if fill != 0:
-        for request, start, count in zip(requests, fusion.offsets(counts), counts):
-            if request is None:
-                buf[start:start + count] = fill
-
-
-def _unpack(xp: Any, requests: Sequence[Optional[Request]], counts: Sequence[int],
-            buf: Any, postscale: Scale) -> None:
-    postscale.apply(xp, buf)
-    for request, start, count in zip(requests, fusion.offsets(counts), counts):
-        if request is not None:
-            xp.copyto(request.output, buf[start:start + count].reshape(request.output.shape),
-                      casting="unsafe")
-
-
-def _bytes(array: Any) -> Any:
-    """A contiguous array's memory as bytes (inputs and outputs are contiguous by
-    the time they reach the executor: the API stages non-contiguous ones)."""
-    return array.reshape(-1).view(np.uint8)

@@ -24,6 +24,32 @@ _MPI_TRAFFIC = ("mpi2", "tests/mpi/test_traffic.py")
 _RING_TESTS = ("tests/mpi/test_allreduce.py tests/mpi/test_collectives.py "
                "tests/mpi/test_scaling.py tests/mpi/test_traffic.py -k ring")
 
+# The executor and its packing (packing.py) at 1 to 4 ranks over the fake communicator
+# first (seconds, and most mutants die there); the real runs after it judge the rest.
+_EXECUTOR_STAGES: list[Stage] = [
+    ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
+             "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
+             "-knot(tensorflow)"), _MPI_REDUCE,
+    ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
+    ("mpi3", "tests/mpi/test_scaling.py")]
+# The engine and how it stops (stopping.py) at one rank in the test process first
+# (tests/unit/engine_rig.py: a real Engine over COMM_SELF, stepped one iteration at a
+# time; found necessary by make mutate: with only MPI stages each mutant cost minutes of
+# mpiexec runs). Then rounds, the response cache, errors, process sets and
+# reconfiguration at -n 2; the overlapping sets at -n 3; then whole jobs: crashes,
+# stalls, shutdowns, lost peers, the timeline and the report.
+_ENGINE_STAGES: list[Stage] = [
+    ("unit", "tests/unit/test_engine.py tests/unit/test_engine_stop.py"),
+    ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
+             "tests/mpi/test_process_set_registry.py"),
+    ("mpi2", "tests/mpi/test_collectives.py tests/mpi/test_bad_inputs.py "
+             "tests/mpi/test_one_rank_errors.py tests/mpi/test_unnamed_ops.py "
+             "tests/mpi/test_traffic.py tests/mpi/test_torch_optimizer.py"),
+    ("mpi3", "tests/mpi/test_process_set_registry.py tests/mpi/test_unnamed_ops.py"),
+    ("unit", "tests/integration/test_jobs.py tests/integration/test_liveness.py "
+             "tests/integration/test_report.py -knot(hvdliterun)and(not(pytorch))"
+             "and(not(numpy_demo))and(not(every_time))")]
+
 # module -> (seconds allowed per mutant, stages)
 TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/fusion.py": (300, [
@@ -32,14 +58,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_negotiation.py tests/unit/test_planning.py"),
         ("mpi2", "tests/mpi/test_errors.py tests/mpi/test_bad_inputs.py "
                  "tests/mpi/test_collectives.py")]),
-    # The executor at 1 to 4 ranks over the fake communicator first (seconds, and most
-    # mutants die there); the real runs after it judge the rest.
-    "hvdlite/core/executor.py": (400, [
-        ("unit", "tests/unit/test_executor.py tests/unit/test_executor_runs.py "
-                 "tests/unit/test_stream_ordered.py tests/unit/test_scaling.py "
-                 "-knot(tensorflow)"), _MPI_REDUCE,
-        ("mpi2", "tests/mpi/test_inplace_strides.py tests/mpi/test_adasum.py"),
-        ("mpi3", "tests/mpi/test_scaling.py")]),
+    "hvdlite/core/executor.py": (400, _EXECUTOR_STAGES),
+    "hvdlite/core/packing.py": (400, _EXECUTOR_STAGES),   # the executor's own packing
     "hvdlite/core/scaling.py": (300, [
         ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
@@ -117,23 +137,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # Stand-in peers are child processes of the test, killed to play a rank that dies.
     "hvdlite/core/sentinel.py": (60, [
         ("unit", "tests/unit/test_sentinel.py")]),
-    # The engine at one rank in the test process first (tests/unit/engine_rig.py: a real
-    # Engine over COMM_SELF, stepped one iteration at a time; found necessary by make
-    # mutate: with only MPI stages each mutant cost minutes of mpiexec runs). Then rounds,
-    # the response cache, errors, process sets and reconfiguration at -n 2; the
-    # overlapping sets at -n 3; then whole jobs: crashes, stalls, shutdowns, lost peers,
-    # the timeline and the report.
-    "hvdlite/core/engine.py": (600, [
-        ("unit", "tests/unit/test_engine.py tests/unit/test_engine_stop.py"),
-        ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py "
-                 "tests/mpi/test_process_set_registry.py"),
-        ("mpi2", "tests/mpi/test_collectives.py tests/mpi/test_bad_inputs.py "
-                 "tests/mpi/test_one_rank_errors.py tests/mpi/test_unnamed_ops.py "
-                 "tests/mpi/test_traffic.py tests/mpi/test_torch_optimizer.py"),
-        ("mpi3", "tests/mpi/test_process_set_registry.py tests/mpi/test_unnamed_ops.py"),
-        ("unit", "tests/integration/test_jobs.py tests/integration/test_liveness.py "
-                 "tests/integration/test_report.py -knot(hvdliterun)and(not(pytorch))"
-                 "and(not(numpy_demo))and(not(every_time))")]),
+    "hvdlite/core/engine.py": (600, _ENGINE_STAGES),
+    "hvdlite/core/stopping.py": (600, _ENGINE_STAGES),   # how the engine stops, inherited
     "hvdlite/core/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [

@@ -21,8 +21,7 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite.config import Config
-from hvdlite.core import engine as engine_module
-from hvdlite.core import exit_guard, failure
+from hvdlite.core import exit_guard, failure, stopping
 from hvdlite.core.engine import Engine
 from hvdlite.core.negotiation import Report
 from hvdlite.core.requests import Descriptor, Kind, Request
@@ -139,14 +138,14 @@ def world(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     seen = SimpleNamespace(ends=[], calls=[], broken=[], spawned=[])
 
     class Os:
-        """The engine's ``os``, whose _exit is recorded."""
+        """The ``os`` of the engine's crash path (stopping.py), whose _exit is recorded."""
         def __getattr__(self, name: str) -> Any:
             return getattr(os, name)
 
         def _exit(self, status: int) -> None:
             seen.ends.append(("_exit", status))
 
-    monkeypatch.setattr(engine_module, "os", Os())
+    monkeypatch.setattr(stopping, "os", Os())
     monkeypatch.setattr(failure, "ABORT_GRACE_S", 0.0)
     monkeypatch.setattr(failure, "mark_broken", lambda *args: seen.broken.append(args))
     for name in ("abort_if_broken", "abort_if_exiting_with_error"):

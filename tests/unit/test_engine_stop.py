@@ -17,8 +17,7 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite.config import Config
-from hvdlite.core import engine as engine_module
-from hvdlite.core import liveness
+from hvdlite.core import liveness, stopping
 from hvdlite.core.engine import Engine
 from hvdlite.core.negotiation import Report
 from hvdlite.errors import HvdliteError, PeerLostError, ShutdownError, StallError
@@ -151,7 +150,7 @@ def test_shutdown_at_interpreter_exit_hands_over_to_the_failure_hooks(
     if dead:
         engine._stop(ShutdownError("a peer shut down"))
     main = SimpleNamespace(is_alive=lambda: not exiting)   # atexit: the main thread has ended
-    monkeypatch.setattr(engine_module, "threading", SimpleNamespace(
+    monkeypatch.setattr(stopping, "threading", SimpleNamespace(
         main_thread=lambda: main, current_thread=threading.current_thread))
     engine.shutdown()
     assert world.calls == expected

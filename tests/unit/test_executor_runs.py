@@ -14,6 +14,7 @@ import pytest
 from hvdlite.backends.base import even_counts
 from hvdlite.config import Config
 from hvdlite.core import executor as executor_module
+from hvdlite.core import packing
 from hvdlite.core.executor import Executor
 from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, Response
 from tests.unit.executor_ranks import (BF16, SET, SIZES, Ranks, allreduce, contribution, desc,
@@ -352,8 +353,8 @@ def test_a_lone_tensor_whose_input_is_its_output_by_another_view_is_not_copied()
     request.array = memory.reshape(2, 3)          # another view of the same memory
     assert request.array is not request.output
     buf = request.output.reshape(-1)
-    assert executor_module._pack_one(np, request, buf, 1.0, out_of_place=True) is None
-    assert executor_module._pack_one(np, request, buf, 2.0, out_of_place=True) is None
+    assert packing.pack_one(np, request, buf, 1.0, out_of_place=True) is None
+    assert packing.pack_one(np, request, buf, 2.0, out_of_place=True) is None
     np.testing.assert_array_equal(memory, np.arange(6) * 2.0)   # scaled once, in place
 
 
@@ -363,12 +364,12 @@ def test_in_place_on_a_device_compares_data_pointers() -> None:
         return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
     device_xp = SimpleNamespace()
     base = 1 << 40                  # addresses are large ints: equal, never identical
-    assert executor_module._in_place(device_xp, at(base + 200), at(base + 200))
-    assert not executor_module._in_place(device_xp, at(base + 100), at(base + 200))
-    assert not executor_module._in_place(device_xp, at(base + 200), at(base + 100))
+    assert packing.is_in_place(device_xp, at(base + 200), at(base + 200))
+    assert not packing.is_in_place(device_xp, at(base + 100), at(base + 200))
+    assert not packing.is_in_place(device_xp, at(base + 200), at(base + 100))
     array = np.zeros(4)
-    assert executor_module._in_place(np, array.reshape(-1), array)
-    assert not executor_module._in_place(np, array.copy(), array)
+    assert packing.is_in_place(np, array.reshape(-1), array)
+    assert not packing.is_in_place(np, array.copy(), array)
 
 
 def test_the_cpu_path_never_asks_the_device_registry(monkeypatch: pytest.MonkeyPatch) -> None:
