@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +40,19 @@ def test_calls_before_init_raise_not_initialized(call) -> None:  # type: ignore[
     assert not hvd.is_initialized()
     with pytest.raises(NotInitializedError, match=r"hvdlite.init\(\)"):
         call()
+
+
+def test_tensorflow_collective_before_init_raises_not_initialized() -> None:
+    """In a process of its own: hvdlite.tensorflow imported, hvd.init() never called
+    (one process, no launcher: a single-process test, not a multi-rank one)."""
+    pytest.importorskip("tensorflow")
+    code = ("import tensorflow as tf, hvdlite.tensorflow as hvd\n"
+            "try:\n    hvd.allreduce(tf.constant([1.0]))\n"
+            "except hvd.NotInitializedError as e:\n    print('ok', e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "MPI", "HYDRA"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
+    assert out.stdout.startswith("ok") and "hvdlite.init()" in out.stdout, out.stderr[-2000:]
 
 
 def test_error_types_match_what_horovod_scripts_catch() -> None:
