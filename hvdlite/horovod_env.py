@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from typing import Callable, Collection, Mapping, Optional
 
@@ -103,9 +104,19 @@ _NOT_BAYESIAN = Ignored("hvdlite's autotune (HOROVOD_AUTOTUNE) searches one sett
                         "time, not by Bayesian optimisation: nothing to set")
 _GPU_BUILD = Ignored("a setting of Horovod's build; hvdlite chooses how GPU tensors move "
                      "at run time, with HVDLITE_GPU_ALLREDUCE")
-_NO_GLOO = Ignored("hvdlite has no Gloo: it runs on MPI")
+_NO_GLOO = Ignored("hvdlite's Gloo is torch.distributed's, under torchrun (or hvdliterun "
+                   "--gloo): its rendezvous and timeouts are torchrun's options")
+
+
+def _set_by_hvdliterun_gloo(text: str) -> bool:
+    """hvdliterun --gloo sets Horovod's launcher variables for every rank, from torchrun's
+    (hvdlite.runner.gloo): there they say what hvdlite knows already."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 _LAUNCHER = Ignored("set by horovodrun for its own processes; hvdlite takes ranks and "
-                    "hosts from MPI, and hvdliterun launches jobs")
+                    "hosts from its transport (MPI, or torchrun), and hvdliterun launches "
+                    "jobs", _set_by_hvdliterun_gloo)
 
 IGNORED: dict[str, Ignored] = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": Ignored(

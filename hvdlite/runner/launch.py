@@ -1,6 +1,7 @@
 """``hvdliterun``: start a training script on N ranks with the MPI in use.
 
     hvdliterun -np 4 python train.py --epochs 3
+    hvdliterun --gloo -np 2 python train.py      # torchrun and Gloo on this machine, no MPI
     hvdliterun -np 8 -H node1:4,node2:4 --fusion-threshold-mb 32 python train.py
     hvdliterun --check
 
@@ -15,7 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from hvdlite.errors import ConfigError
-from hvdlite.runner import elastic
+from hvdlite.runner import elastic, gloo
 from hvdlite.runner.inputs import check_hostfile, check_number, check_ranks, parse_host_list
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
                                      hosts_argument, library)
@@ -56,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--report", metavar="DIR",
                    help="write a per-rank balance report (report.txt/json/png) to DIR")
+    p.add_argument("--gloo", action="store_true",
+                   help="start the ranks on this machine under torchrun, on torch.distributed "
+                        "over Gloo instead of MPI (no MPI needed; Horovod's HOROVOD_RANK and "
+                        "the rest set on every rank, as horovodrun --gloo does)")
     p.add_argument("--mpiexec", help="launcher to use (default: this Python's, then PATH)")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.add_argument("--check", action="store_true", help="print what hvdlite can use, and exit")
@@ -64,10 +69,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def knob_variables(args: argparse.Namespace) -> dict[str, str]:
+    """The HVDLITE_* variables of the knobs given on the command line."""
+    return {var: convert(getattr(args, flag)) for flag, (var, convert) in _KNOBS.items()
+            if getattr(args, flag) is not None}
+
+
 def build_command(args: argparse.Namespace) -> list[str]:
     launcher = find_launcher(args.mpiexec)
-    env = {var: convert(getattr(args, flag)) for flag, (var, convert) in _KNOBS.items()
-           if getattr(args, flag) is not None}
+    env = knob_variables(args)
     slots = (sum(count for _, count in parse_host_list(args.hosts)) if args.hosts
              else None if args.hostfile else os.cpu_count())
     return ([launcher.path, "-n", str(args.np)] + hosts_argument(launcher.flavor, args.hosts,
@@ -131,8 +141,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("give -np N and a command, e.g. hvdliterun -np 2 python train.py")
     try:
         check_arguments(args)
+        if args.gloo:
+            gloo.check(args)
     except ConfigError as exc:
         p.error(str(exc))
+    if args.gloo:
+        return gloo.launch(args.np, args.command, knob_variables(args), args.dry_run)
     elastic.check_arguments(p, args)
     command = build_command(args)
     if args.elastic and not args.dry_run:

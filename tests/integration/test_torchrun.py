@@ -146,3 +146,32 @@ def test_a_killed_rank_restarts_the_job_from_the_last_commit_under_torchrun(
                       "START commits=5 epoch=1 processed=16"], output
     assert "PeerLostError" in output
     assert result["params"] == reference["params"] and result["seen"] == reference["seen"]
+
+
+def _hvdliterun_gloo(*flags: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **settings)
+    return subprocess.run([sys.executable, "-m", "hvdlite.runner.launch", "--gloo", *flags,
+                           sys.executable, "-m", "tests.integration.torchrun_jobs",
+                           "horovod_launch_variables"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_hvdliterun_gloo_sets_horovods_launch_variables_and_passes_knobs(
+        nproc: int, tmp_path: Path) -> None:
+    """hvdliterun --gloo, as horovodrun --gloo: each rank's HOROVOD_RANK, _SIZE, _LOCAL_*,
+    _CROSS_* before init() are what init() says; the knobs reach every rank; torchrun's
+    torchelastic_* folder and the launcher's own are gone from TMPDIR afterwards."""
+    proc = _hvdliterun_gloo("-np", str(nproc), "--cycle-time-ms", "2")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for rank in range(nproc):
+        assert f"HOROVOD rank {rank} of {nproc} " in output and "knob=2.0" in output, output
+    assert "ignoring HOROVOD_" not in output, output     # its own variables draw no warning
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_hvdliterun_gloo_exits_with_the_failing_ranks_status() -> None:
+    proc = _hvdliterun_gloo("-np", "2", FAIL_RANK="1")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "HOROVOD rank 0 of 2" in proc.stdout + proc.stderr

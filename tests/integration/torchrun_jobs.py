@@ -122,7 +122,30 @@ def lost_peer() -> None:
         print(f"LOST rank {hvd.rank()}: {error}", flush=True)
 
 
+def horovod_launch_variables() -> None:
+    """Under hvdliterun --gloo: Horovod's launcher variables, read before init() (as a
+    script picking its GPU does), agree with what init() says; then one allreduce."""
+    import os
+
+    import hvdlite as hvd
+    env = {name: os.environ.get(f"HOROVOD_{name}") for name in
+           ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")}
+    hvd.init()
+    seen = {"RANK": hvd.rank(), "SIZE": hvd.size(), "LOCAL_RANK": hvd.local_rank(),
+            "LOCAL_SIZE": hvd.local_size(), "CROSS_RANK": hvd.cross_rank(),
+            "CROSS_SIZE": hvd.cross_size()}
+    assert env == {name: str(value) for name, value in seen.items()}, (env, seen)
+    assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="total")
+    assert total[0] == hvd.size() * (hvd.size() + 1) / 2, total
+    print(f"HOROVOD rank {hvd.rank()} of {hvd.size()} {sorted(env.items())} "
+          f"knob={os.environ.get('HVDLITE_CYCLE_TIME')}", flush=True)
+    if os.environ.get("FAIL_RANK") == str(hvd.rank()):
+        sys.exit(7)
+    hvd.shutdown()
+
+
 if __name__ == "__main__":
-    {"conformance": conformance, "collectives": collectives,
+    {"horovod_launch_variables": horovod_launch_variables, "conformance": conformance, "collectives": collectives,
      "lost_peer": lost_peer, "alltoall": alltoall,
      "registry_mismatch": registry_mismatch}[sys.argv[1]]()

@@ -155,3 +155,34 @@ def test_discovery_script_that_hangs_is_killed_with_its_children(
         assert _gone_soon(int(pid_file.read_text()))
     finally:
         _end(pid_file)
+
+
+@pytest.mark.parametrize("flags,named", [(["-H", "a:2"], "-H"), (["--hostfile", "h"], "--hostfile"),
+                                         (["--mpiexec", sys.executable], "--mpiexec"),
+                                         (["--elastic"], "--elastic")])
+def test_gloo_refuses_what_it_cannot_do_naming_the_flag(
+        flags: list[str], named: str, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h").write_text("localhost slots=2\n")
+    message = _refused(["--gloo", "-np", "2", *flags], capsys)
+    assert "hvdliterun --gloo" in message and named in message
+
+
+def test_gloo_dry_run_is_torchrun_with_the_knobs_and_horovods_variables_per_rank(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch.main(["--gloo", "-np", "3", "--fusion-threshold-mb", "8", "--dry-run",
+                        "python", "train.py", "--epochs", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("env HVDLITE_FUSION_THRESHOLD=8.0MiB ")
+    assert "-m torch.distributed.run --standalone --nproc_per_node=3 --no-python" in line
+    assert line.endswith("-m hvdlite.runner.gloo python train.py --epochs 2")
+
+
+def test_horovods_variables_come_from_torchruns() -> None:
+    from hvdlite.runner.gloo import horovod_variables
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "GROUP_RANK": "1"}
+    assert horovod_variables(env) == {
+        "HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "4", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
