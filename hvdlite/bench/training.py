@@ -59,8 +59,10 @@ WARMUP = 5
 class Measured:
     """A method's timed loop, with its CPU per thread and (hand-fused) Allreduce CPU."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, warmup_s: float = 0.0) -> None:
         self.comm = comm
+        self.warmup_s = warmup_s    # --warmup-seconds: untimed training before the loop
+        self.warmup_steps = 0
         self.clock = ThreadClock()
         self.calls = 0
         self.allreduce_cpu = 0.0
@@ -69,8 +71,22 @@ class Measured:
         self.tuning_s = 0.0
         self.choice = ""            # autotune: the settings it changed
 
-    def timed(self, step: Callable[[], None], seconds: float) -> float:
-        """Steps per second on the slowest rank; the CPU clock runs over the timed calls."""
+    def warm_up(self, step: Callable[[], None], since: float) -> None:
+        """Train untimed until ``warmup_s`` seconds have passed since ``since`` on rank 0's
+        clock (every rank stops at the same step: rank 0 says when), so that every method
+        is timed after the same time in training, autotune's search included."""
+        if self.warmup_s <= 0:
+            return
+        while not self.comm.bcast(time.perf_counter() - since >= self.warmup_s, root=0):
+            step()
+            self.warmup_steps += 1
+
+    def timed(self, step: Callable[[], None], seconds: float,
+              since: Optional[float] = None) -> float:
+        """Steps per second on the slowest rank, after ``warm_up`` (counted from ``since``,
+        the first step, where training began earlier: autotune's search); the CPU clock
+        runs over the timed calls."""
+        self.warm_up(step, time.perf_counter() if since is None else since)
         def counted() -> None:
             if self.calls == WARMUP:
                 self.clock.start()
@@ -90,6 +106,8 @@ class Measured:
         result = {k: sum(r[k] for r in every) / len(every) for k in mine}
         result["samples_per_s"] = samples_per_s
         result["peak_rss_mib"] = max(self.comm.allgather(peak_rss_mib()))
+        if self.warmup_s > 0:
+            result["warmup_steps"] = self.warmup_steps
         if self.choice:
             result.update(tuning_steps=self.tuning_steps, tuning_s=self.tuning_s,
                           choice=self.choice)
@@ -167,7 +185,7 @@ def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
         if current is not None:
             from hvdlite.core.autotune import describe
             measured.choice = describe(current.changes()) or "defaults"
-        return measured.timed(step, seconds)
+        return measured.timed(step, seconds, since=started)
     finally:
         hvd.shutdown()
 
@@ -178,6 +196,7 @@ def worker(argv: Sequence[str]) -> None:
     import torch
     parser = launches.worker_parser(WORKERS, MODELS)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--warmup-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if under_torchrun() and args.method != "hvdlite":
@@ -185,7 +204,7 @@ def worker(argv: Sequence[str]) -> None:
     comm = bench_comm()
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
                "no_comm": _run_no_comm}
-    measured = Measured(comm)
+    measured = Measured(comm, args.warmup_seconds)
     rate = runners[args.method](args.model, measured, args.seconds)
     result = measured.result(rate * BATCH[args.model] * comm.Get_size())
     if comm.Get_rank() == 0:
@@ -193,11 +212,12 @@ def worker(argv: Sequence[str]) -> None:
 
 
 def _methods(model: str, seconds: float, report_dir: Optional[str],
-             chosen: Sequence[str] = METHODS) -> list[launches.Method]:
+             chosen: Sequence[str] = METHODS, warmup_s: float = 0.0) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = (),
                launcher: str = "mpiexec") -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
-                                       "--seconds", str(seconds)), env, launcher)
+                                       "--seconds", str(seconds),
+                                       "--warmup-seconds", str(warmup_s)), env, launcher)
     every = {"hvdlite": method("hvdlite", "hvdlite"),
              "hvdlite_gloo": method("hvdlite_gloo", "hvdlite", launcher="torchrun"),
              "autotune": method("autotune", "hvdlite", (("HVDLITE_AUTOTUNE", "1"),)),
@@ -221,6 +241,12 @@ def main(argv: Sequence[str]) -> None:
                         help="which methods to launch (default: all)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved launches per method")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed loop per launch")
+    parser.add_argument("--warmup-seconds", type=float, default=0.0,
+                        help="every method trains this long, untimed, before its timed loop "
+                             "(autotune: its search counts, and it trains on until both are "
+                             "done); set it above autotune's search time to compare autotune "
+                             "and the defaults after the same time in training (default: 0, "
+                             "only the first 5 steps)")
     parser.add_argument("--report-cost", action="store_true",
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
@@ -230,15 +256,19 @@ def main(argv: Sequence[str]) -> None:
         for np_ in args.np:
             for model in args.models:
                 rows.append((model, np_, launches.interleaved(
-                    _methods(model, args.seconds, report_dir, args.methods), np_, args.rounds,
+                    _methods(model, args.seconds, report_dir, args.methods, args.warmup_seconds),
+                    np_, args.rounds,
                     "samples_per_s", progress=f"training {model}")))
-    _print_table(rows, args.rounds)
+    _print_table(rows, args.rounds, args.warmup_seconds)
 
 
-def _print_table(rows: list, rounds: int) -> None:
+def _print_table(rows: list, rounds: int, warmup_s: float = 0.0) -> None:
+    warmup = (f"after {warmup_s:g} s of untimed training (autotune: and its search)"
+              if warmup_s > 0 else f"after {WARMUP} steps (autotune: after its search)")
     print(f"\nTraining throughput, samples/s (global batch; one thread per rank; SGD with "
-          f"momentum). Each method in its own mpiexec launch (hvdlite_gloo: torchrun, "
-          f"hvdlite on the torch transport), {rounds} interleaved rounds: median, and the "
+          f"momentum), timed {warmup}. Each method in its own mpiexec launch "
+          f"(hvdlite_gloo: torchrun, hvdlite on the torch transport), {rounds} interleaved "
+          "rounds: median, and the "
           "min-max spread as % of the median; ratios are of medians, with the range of "
           "the per-round ratios.")
     for model, np_, samples in rows:

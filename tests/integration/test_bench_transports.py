@@ -40,7 +40,24 @@ def test_allreduce_prints_each_figure_on_both_transports_with_the_ratios() -> No
 @pytest.mark.timeout(300)
 def test_training_runs_hvdlite_on_the_gloo_transport_beside_mpi() -> None:
     out = _bench("training", "--np", "2", "--models", "mlp", "--methods", "hvdlite",
-                 "hvdlite_gloo", "--rounds", "1", "--seconds", "0.2")
+                 "hvdlite_gloo", "--rounds", "1", "--seconds", "0.2", "--warmup-seconds", "0.3")
+    assert "timed after 0.3 s of untimed training" in out, out
     assert re.search(r"hvdlite_gloo: +\d+\.\d", out), out
     assert re.search(r"gloo-transport/MPI: \d+\.\d+x", out), out
     assert "gloo-transport/DDP:" not in out                # DDP did not run: no ratio
+
+
+@pytest.mark.timeout(120)
+def test_a_training_worker_warms_up_for_the_seconds_asked_before_timing() -> None:
+    """--warmup-seconds: every rank trains untimed, stopping at the same step, before the
+    timed loop (the worker alone, under mpiexec, on the model that steps fastest)."""
+    import json
+    from hvdlite.bench.launches import mpiexec_path
+    proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "hvdlite.bench",
+                           "training-worker", "--method", "no_comm", "--model", "mlp",
+                           "--seconds", "0.2", "--warmup-seconds", "0.5"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stdout + proc.stderr
+    assert json.loads(line[len("RESULT "):])["warmup_steps"] > 10, line
