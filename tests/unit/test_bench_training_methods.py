@@ -20,7 +20,7 @@ def test_methods_picks_the_launches_and_autotune_turns_autotune_on(
         return {}
 
     monkeypatch.setattr(training.launches, "interleaved", interleaved)
-    monkeypatch.setattr(training, "_print_table", lambda rows, rounds: None)
+    monkeypatch.setattr(training, "_print_table", lambda rows, rounds, warmup_s: None)
     training.main(["--np", "2", "4", "--models", "mlp", "--methods", "no_comm", "autotune",
                    "hvdlite", "hand_fused", "ddp_gloo"])
     labels = [label for label, _, np_ in seen if np_ == 2]
@@ -49,3 +49,18 @@ def test_the_table_shows_the_ratios_of_what_ran_and_what_autotune_chose(
     assert "DDP" not in out.split("Peak RSS")[0]          # DDP did not run: no ratio
     assert ("autotune chose, per launch: ['ring_threshold=never', 'defaults']; search 70 "
             "steps, 4.0 s (medians)") in out
+
+
+def test_warmup_seconds_reaches_every_launch_and_the_heading(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    args: list[tuple] = []
+
+    def interleaved(methods: list, np_: int, rounds: int, metric: str, progress: str) -> Any:
+        args.extend(m.args for m in methods)
+        return {}
+
+    monkeypatch.setattr(training.launches, "interleaved", interleaved)
+    training.main(["--np", "2", "--models", "mlp", "--methods", "hvdlite", "autotune",
+                   "--warmup-seconds", "7"])
+    assert args and all(a[a.index("--warmup-seconds") + 1] == "7.0" for a in args), args
+    assert "timed after 7 s of untimed training" in capsys.readouterr().out
