@@ -9,6 +9,7 @@ machine (docs/guide/transports.md).
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shlex
@@ -34,17 +35,17 @@ def command(np: int, program: Sequence[str]) -> list[str]:
             sys.executable, "-m", "hvdlite.runner.gloo", *program]
 
 
-def check(args: object) -> None:
+def check(args: argparse.Namespace) -> None:
     """ConfigError for what --gloo cannot do: other machines, elastic jobs, an mpiexec."""
-    for flag, given in (("-H", getattr(args, "hosts")), ("--hostfile", getattr(args, "hostfile")),
-                        ("--mpiexec", getattr(args, "mpiexec"))):
+    for flag, given in (("-H", args.hosts), ("--hostfile", args.hostfile),
+                        ("--mpiexec", args.mpiexec)):
         if given is not None:
             raise ConfigError(
                 f"hvdliterun --gloo starts its ranks on this machine only, so {flag} has no "
                 "meaning there; on several machines start one torchrun per machine "
                 "(docs/guide/transports.md, 'torchrun on several machines'), or leave --gloo "
                 "out to launch with MPI")
-    if getattr(args, "elastic"):
+    if args.elastic:
         raise ConfigError("hvdliterun --gloo has no --elastic: under torchrun, restarts are "
                           "torchrun's own (torchrun --nnodes=MIN:MAX --max-restarts=N, "
                           "docs/guide/transports.md); or leave --gloo out")
