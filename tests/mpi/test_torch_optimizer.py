@@ -4,7 +4,6 @@ sparse gradient takes, and zero_grad() while only sparse gradients are pending.
 Every test compares against what one process computes from every rank's batch."""
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
@@ -14,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
 from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
+from tests.mpi.outcomes import channel  # noqa: E402
 
 
 def _batch(rank: int, salt: int) -> "torch.Tensor":
@@ -233,18 +233,25 @@ def test_two_parameters_with_one_name_are_refused() -> None:
 def test_skip_synchronize_without_synchronize_steps_with_this_ranks_gradients() -> None:
     """As Horovod: inside skip_synchronize() step() does not wait for the reduction;
     the gradients still in flight are collected by the next synchronize(). The other
-    ranks' backward comes late, so rank 0's reduction cannot have finished by its step."""
+    ranks start their backward only once rank 0 has stepped (a barrier on the suite's own
+    channel, not a sleep, which a loaded host outran), so rank 0's reduction cannot have
+    finished by its step."""
     if hvd.size() == 1:
         pytest.skip("needs a peer whose gradient comes late")
     model = _linear(16)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(_batch(hvd.rank(), 3)).pow(2).sum().backward()
+    optimizer.step()                          # the first step agrees the layout, together
+    optimizer.zero_grad()
     if hvd.rank() != 0:
-        time.sleep(0.5)
+        channel().idle_until_all_arrive()     # rank 0 has stepped
     model(_batch(hvd.rank(), 4)).pow(2).sum().backward()
     local = [(p.detach() - 0.1 * p.grad).clone() for p in model.parameters()]
     with optimizer.skip_synchronize():
         optimizer.step()
     stepped_locally = all(torch.allclose(p.detach(), w) for p, w in zip(model.parameters(), local))
+    if hvd.rank() == 0:
+        channel().idle_until_all_arrive()     # the others may start their backward now
     optimizer.synchronize()                   # nothing is left in flight
     optimizer.zero_grad()
     everywhere = hvd.allgather_object(stepped_locally)
