@@ -23,7 +23,7 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-stages test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
 	docs docs-images docs-check
 
 install: $(VENV)/.installed
@@ -162,7 +162,14 @@ SHOTS ?=
 docs-check: docs
 	$(PY) docs/check_site.py site $(if $(SHOTS),--screenshots $(SHOTS))
 
-test: docs test-unit test-slurm test-mpi test-ompi test-gloo
+# Every stage's temporary files (pytest's tmp_path, torch's torchinductor_<user>, Open MPI's
+# session directories, those of the SLURM cluster and its jobs) go to a directory of the
+# run's own, removed after it whatever the outcome: make test leaves nothing in /tmp.
+test:
+	@tmp=$$(mktemp -d -t hvdlite-test.XXXXXX) || exit 1; \
+	    TMPDIR=$$tmp $(MAKE) --no-print-directory test-stages; status=$$?; rm -rf $$tmp; exit $$status
+
+test-stages: docs test-unit test-slurm test-mpi test-ompi test-gloo
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
 # tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
