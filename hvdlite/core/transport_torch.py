@@ -315,17 +315,26 @@ def launched(environ: Any = None) -> bool:
     return "TORCHELASTIC_RUN_ID" in (os.environ if environ is None else environ)
 
 
+def _store_prefix(environ: Any = None) -> str:
+    """Where this attempt's workers meet in the store torchrun hands them. The agent's own
+    store (TORCHELASTIC_USE_AGENT_STORE=True: a static rendezvous, or c10d's shared one)
+    outlives --max-restarts: a restarted worker would read the dead attempt's Gloo
+    addresses (connection refused, or a hang), so each attempt gets its own keys. A store
+    of the workers' own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 starts it anew at
+    every start) holds only this attempt's keys, and there the agents' restart counts may
+    differ: a node that joins a running job starts at 0 while the others have restarted."""
+    environ = os.environ if environ is None else environ
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return "/hvdlite"
+    return f"/hvdlite/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
 def initialize() -> None:
     """The default process group, over Gloo, from torchrun's variables; one the program
     made itself (any backend) is used as it is."""
     if not dist.is_initialized():
         store, rank, size = next(dist.rendezvous("env://"))
-        # torchrun's static rendezvous (--master_addr/--master_port) keeps one store
-        # across --max-restarts: a restarted worker would read the dead attempt's Gloo
-        # addresses (connection refused, or a hang). Each attempt gets its own keys.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"/hvdlite/attempt_{attempt}",
-                                                                store),
+        dist.init_process_group("gloo", store=dist.PrefixStore(_store_prefix(), store),
                                 rank=rank, world_size=size)
         # Ours to tear down, before the interpreter's own teardown: left to exit-time
         # destructors, Gloo's threads can abort the process ("terminate called without

@@ -7,7 +7,11 @@ Environment (test settings, not hvdlite knobs):
   RESIZE_PLAN   'size:commit:hosts,...': when the world has `size` ranks and commit
                 number `commit` is done, the last rank writes `hosts` to RESIZE_HOSTS
                 and SIGKILLs itself (a host is lost, or the job is made to restart
-                after one came back)
+                after one came back). Under torchrun (tests/integration/test_torchrun.py)
+                `hosts` names what happens to the last rank's node instead:
+                  lose-node      its agent is SIGKILLed, then the rank
+                  wait-for-node  the rank writes 'waiting' to RESIZE_HOSTS and waits for
+                                 the restart a joining node brings (its agent stops it)
   RESIZE_OUT    each rank writes its final parameters to RESIZE_OUT.<rank>.json; rank 0
                 adds the samples seen (per step, every rank's, as committed)
 """
@@ -17,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -25,6 +30,7 @@ from tests.integration.elastic_jobs import Data, train_epochs
 
 EPOCHS = 2
 BASE_LR = 0.01     # per rank: the rate is BASE_LR * hvd.size()
+NODE_WAIT_S = 120
 
 
 def _plan() -> dict[tuple[int, int], str]:
@@ -38,10 +44,16 @@ def _plan() -> dict[tuple[int, int], str]:
 def _commit(state: hvd.elastic.TorchState) -> None:
     state.commit()
     hosts = _plan().get((hvd.size(), state._commits))
-    if hosts is not None and hvd.rank() == hvd.size() - 1:
-        with open(os.environ["RESIZE_HOSTS"], "w") as handle:
-            handle.write(hosts.replace(";", "\n") + "\n")
-        os.kill(os.getpid(), signal.SIGKILL)
+    if hosts is None or hvd.rank() != hvd.size() - 1:
+        return
+    if hosts == "lose-node":
+        os.kill(os.getppid(), signal.SIGKILL)      # torchrun's agent: the node is gone
+    with open(os.environ["RESIZE_HOSTS"], "w") as handle:
+        handle.write("waiting\n" if hosts == "wait-for-node" else hosts.replace(";", "\n") + "\n")
+    if hosts == "wait-for-node":
+        time.sleep(NODE_WAIT_S)                   # the agent's restart ends this process
+        sys.exit(f"no node joined within {NODE_WAIT_S} s")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _lr(state: hvd.elastic.TorchState) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -175,3 +176,76 @@ def test_hvdliterun_gloo_exits_with_the_failing_ranks_status() -> None:
     proc = _hvdliterun_gloo("-np", "2", FAIL_RANK="1")
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "HOROVOD rank 0 of 2" in proc.stdout + proc.stderr
+
+
+def _agent(tmp_path: Path, name: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """One node of an elastic torchrun job (--nnodes=1:2, one rank) on this host; its
+    output goes to tmp_path/NAME.log. The rendezvous store is the test's."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
+               "--nproc_per_node=1", "--max-restarts=3", "--monitor-interval=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=resize",
+               "--rdzv-conf=is_host=false,last_call_timeout=10",
+               "-m", "tests.integration.resize_jobs", "train"]
+    with open(tmp_path / f"{name}.log", "wb") as log:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)   # its workers are ended with it
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(f"== {log.name}\n{log.read_text()}" for log in sorted(tmp_path.glob("*.log")))
+
+
+@pytest.mark.timeout(420)    # three agents, five starts of a worker, each importing torch
+def test_a_lost_node_shrinks_the_job_and_a_joining_node_grows_it_under_torchrun(
+        tmp_path: Path) -> None:
+    """torchrun --nnodes=1:2, one rank per node, on a rendezvous store the test holds.
+    After commit 2 the last rank's node is lost (its agent, then the rank, SIGKILLed): the
+    survivor fails with PeerLostError, its agent restarts it alone, and it resumes from
+    commit 2 at size 1. After commit 7 a third node joins: torchrun restarts the job at
+    size 2 and it resumes from commit 7. Every sample of each epoch is seen exactly once,
+    the reset callbacks run at each resume, and both ranks end with the same parameters
+    at the rate of two ranks (tests/integration/resize_jobs.py)."""
+    import json
+    import time
+    import torch.distributed as dist
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    hosts, out = tmp_path / "hosts", tmp_path / "result"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HVDLITE_PEER_TIMEOUT="5",
+               HVDLITE_ELASTIC_DIR=str(tmp_path / "state"), RESIZE_HOSTS=str(hosts),
+               RESIZE_OUT=str(out), RESIZE_PLAN="2:2:lose-node,1:7:wait-for-node",
+               # torch 2.13's agents share the rendezvous store with their workers by default;
+               # a node that joins a running job as rank 1 then waits for a MASTER_ADDR the
+               # staying rank 0 never writes again (it built it once): the job hangs.
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    agents = [_agent(tmp_path, name, port, env) for name in ("a", "b")]
+    try:
+        deadline = time.monotonic() + 240
+        while not (hosts.exists() and hosts.read_text() == "waiting\n"):
+            assert time.monotonic() < deadline, _logs(tmp_path)
+            time.sleep(0.5)
+        agents.append(_agent(tmp_path, "c", port, env))
+        codes = sorted(agent.wait(timeout=150) for agent in agents)
+    finally:
+        for agent in agents:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        del store
+    output = _logs(tmp_path)
+    assert codes == [-9, 0, 0], output         # the lost node's agent, the survivor, the new one
+    starts = sorted((line for line in output.splitlines() if line.startswith("START")),
+                    key=lambda line: int(line.split("commits=")[1].split()[0]))
+    assert starts == ["START size=2 commits=0 epoch=0 processed=0 lr=0.02",
+                      "START size=1 commits=2 epoch=0 processed=32 lr=0.01",
+                      "START size=2 commits=7 epoch=1 processed=16 lr=0.02"], output
+    assert "PeerLostError" in output
+    results = [json.loads((tmp_path / f"result.{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["size"] for r in results] == [2, 2] and [r["lr"] for r in results] == [0.02] * 2
+    assert results[0]["params"] == results[1]["params"]
+    steps = [(epoch, sorted(indices)) for epoch, *indices in results[0]["seen"]]
+    for epoch in (0, 1):
+        seen = sorted(i for e, indices in steps if e == epoch for i in indices)
+        assert seen == list(range(48)), (epoch, seen)
+    assert [(e, len(i)) for e, i in steps] == [(0, 8)] * 4 + [(0, 4)] * 4 + [(1, 4)] * 4 + [(1, 8)] * 4

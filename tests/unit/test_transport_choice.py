@@ -34,3 +34,17 @@ def test_before_init_gloo_is_off_and_mpi_is_what_is_installed(
     assert runtime.transport_name() is None
     assert not hvd.gloo_built() and not hvd.gloo_enabled()
     assert hvd.mpi_enabled() == hvd.mpi_built()
+
+
+@pytest.mark.parametrize("environ,prefix", [
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"},
+     "/hvdlite/attempt_2"),                    # the agent's store outlives restarts
+    ({"TORCHELASTIC_USE_AGENT_STORE": "True"}, "/hvdlite/attempt_0"),
+    # the workers' own store, new at every start; the agents' counts may differ there
+    ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "1"}, "/hvdlite"),
+    ({"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "0"}, "/hvdlite"),
+])
+def test_workers_meet_under_the_attempts_keys_only_in_the_agents_store(
+        environ: dict[str, str], prefix: str) -> None:
+    transport_torch = pytest.importorskip("hvdlite.core.transport_torch")
+    assert transport_torch._store_prefix(environ) == prefix
