@@ -211,13 +211,22 @@ def worker(argv: Sequence[str]) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
+# glibc malloc's tunables; setting them turns its dynamic mmap threshold off. Left dynamic,
+# a step's large activations are mapped and unmapped each step (page faults in forward) or
+# not, depending on which large blocks the process happened to free earlier: 7% between
+# two launches of the same code (BENCHMARKS.md, "where the 7% between the trees goes").
+PINNED_MALLOC = (("MALLOC_MMAP_THRESHOLD_", "134217728"), ("MALLOC_TRIM_THRESHOLD_", "268435456"))
+
+
 def _methods(model: str, seconds: float, report_dir: Optional[str],
-             chosen: Sequence[str] = METHODS, warmup_s: float = 0.0) -> list[launches.Method]:
+             chosen: Sequence[str] = METHODS, warmup_s: float = 0.0,
+             pin_malloc: bool = False) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = (),
                launcher: str = "mpiexec") -> launches.Method:
         return launches.Method(label, ("training-worker", "--method", name, "--model", model,
                                        "--seconds", str(seconds),
-                                       "--warmup-seconds", str(warmup_s)), env, launcher)
+                                       "--warmup-seconds", str(warmup_s)),
+                               env + (PINNED_MALLOC if pin_malloc else ()), launcher)
     every = {"hvdlite": method("hvdlite", "hvdlite"),
              "hvdlite_gloo": method("hvdlite_gloo", "hvdlite", launcher="torchrun"),
              "autotune": method("autotune", "hvdlite", (("HVDLITE_AUTOTUNE", "1"),)),
@@ -247,6 +256,11 @@ def main(argv: Sequence[str]) -> None:
                              "done); set it above autotune's search time to compare autotune "
                              "and the defaults after the same time in training (default: 0, "
                              "only the first 5 steps)")
+    parser.add_argument("--pin-malloc", action="store_true",
+                        help="every launch with glibc malloc's mmap and trim thresholds "
+                             "pinned (MALLOC_MMAP_THRESHOLD_=128 MiB, "
+                             "MALLOC_TRIM_THRESHOLD_=256 MiB): no method's speed then "
+                             "depends on which large blocks it freed first")
     parser.add_argument("--report-cost", action="store_true",
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
@@ -256,17 +270,21 @@ def main(argv: Sequence[str]) -> None:
         for np_ in args.np:
             for model in args.models:
                 rows.append((model, np_, launches.interleaved(
-                    _methods(model, args.seconds, report_dir, args.methods, args.warmup_seconds),
+                    _methods(model, args.seconds, report_dir, args.methods, args.warmup_seconds,
+                             args.pin_malloc),
                     np_, args.rounds,
                     "samples_per_s", progress=f"training {model}")))
-    _print_table(rows, args.rounds, args.warmup_seconds)
+    _print_table(rows, args.rounds, args.warmup_seconds, args.pin_malloc)
 
 
-def _print_table(rows: list, rounds: int, warmup_s: float = 0.0) -> None:
+def _print_table(rows: list, rounds: int, warmup_s: float = 0.0,
+                 pin_malloc: bool = False) -> None:
     warmup = (f"after {warmup_s:g} s of untimed training (autotune: and its search)"
               if warmup_s > 0 else f"after {WARMUP} steps (autotune: after its search)")
+    allocator = ("glibc malloc's thresholds pinned" if pin_malloc
+                 else "glibc malloc's dynamic thresholds")
     print(f"\nTraining throughput, samples/s (global batch; one thread per rank; SGD with "
-          f"momentum), timed {warmup}. Each method in its own mpiexec launch "
+          f"momentum; {allocator}), timed {warmup}. Each method in its own mpiexec launch "
           f"(hvdlite_gloo: torchrun, hvdlite on the torch transport), {rounds} interleaved "
           "rounds: median, and the "
           "min-max spread as % of the median; ratios are of medians, with the range of "

@@ -20,7 +20,7 @@ def test_methods_picks_the_launches_and_autotune_turns_autotune_on(
         return {}
 
     monkeypatch.setattr(training.launches, "interleaved", interleaved)
-    monkeypatch.setattr(training, "_print_table", lambda rows, rounds, warmup_s: None)
+    monkeypatch.setattr(training, "_print_table", lambda *table: None)
     training.main(["--np", "2", "4", "--models", "mlp", "--methods", "no_comm", "autotune",
                    "hvdlite", "hand_fused", "ddp_gloo"])
     labels = [label for label, _, np_ in seen if np_ == 2]
@@ -64,3 +64,24 @@ def test_warmup_seconds_reaches_every_launch_and_the_heading(
                    "--warmup-seconds", "7"])
     assert args and all(a[a.index("--warmup-seconds") + 1] == "7.0" for a in args), args
     assert "timed after 7 s of untimed training" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,pinned", [([], False), (["--pin-malloc"], True)])
+def test_pin_malloc_reaches_every_launch_and_the_heading(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, flag: list[str],
+        pinned: bool) -> None:
+    envs: list[dict] = []
+
+    def interleaved(methods: list, np_: int, rounds: int, metric: str, progress: str) -> Any:
+        envs.extend(dict(m.env) for m in methods)
+        return {}
+
+    monkeypatch.setattr(training.launches, "interleaved", interleaved)
+    training.main(["--np", "2", "--models", "mlp", "--methods", "hvdlite", "autotune",
+                   "hand_fused", "no_comm", *flag])
+    assert len(envs) == 4
+    assert all(("MALLOC_MMAP_THRESHOLD_" in env) == pinned for env in envs), envs
+    assert all(("MALLOC_TRIM_THRESHOLD_" in env) == pinned for env in envs), envs
+    assert envs[1]["HVDLITE_AUTOTUNE"] == "1"          # a method's own setting stays
+    heading = capsys.readouterr().out
+    assert ("malloc's thresholds pinned" in heading) == pinned, heading

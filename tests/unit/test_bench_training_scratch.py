@@ -24,7 +24,7 @@ def test_report_directory_exists_during_the_launches_and_is_removed_after(
         return {}
 
     monkeypatch.setattr(training.launches, "interleaved", launches)
-    monkeypatch.setattr(training, "_print_table", lambda rows, rounds, warmup_s: None)
+    monkeypatch.setattr(training, "_print_table", lambda *table: None)
     training.main(["--np", "1", "--models", training.MODELS[0], "--report-cost"])
     assert seen and all(existed for _, existed in seen)
     assert not any(os.path.exists(path) for path, _ in seen)
