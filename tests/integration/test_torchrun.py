@@ -3,6 +3,7 @@ the transport conformance checks, and hvdlite's collectives on a machine without
 mpi4py (hidden by tests/integration/no_mpi4py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -187,8 +188,22 @@ def _agent(tmp_path: Path, name: str, port: int, env: dict[str, str]) -> subproc
                "--rdzv-conf=is_host=false,last_call_timeout=10",
                "-m", "tests.integration.resize_jobs", "train"]
     with open(tmp_path / f"{name}.log", "wb") as log:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)   # its workers are ended with it
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _kill_with_its_workers(agent: subprocess.Popen[bytes]) -> None:
+    """SIGKILL an agent and the workers it started (torchrun starts each worker in a
+    session of its own, so killing the agent's process group would miss them)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == agent.pid:        # the parent's pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        agent.kill()
 
 
 def _logs(tmp_path: Path) -> str:
@@ -228,10 +243,8 @@ def test_a_lost_node_shrinks_the_job_and_a_joining_node_grows_it_under_torchrun(
         codes = sorted(agent.wait(timeout=150) for agent in agents)
     finally:
         for agent in agents:
-            try:
-                os.killpg(agent.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if agent.poll() is None:
+                _kill_with_its_workers(agent)
         del store
     output = _logs(tmp_path)
     assert codes == [-9, 0, 0], output         # the lost node's agent, the survivor, the new one
