@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 
 import pytest
 
+from hvdlite.runner.supervise import process_tree
+
 pytest.importorskip("torch.distributed", reason="torchrun needs torch")
 ROOT = Path(__file__).resolve().parents[2]
 NO_MPI4PY = Path(__file__).resolve().parent / "no_mpi4py"
@@ -194,16 +196,9 @@ def _agent(tmp_path: Path, name: str, port: int, env: dict[str, str]) -> subproc
 def _kill_with_its_workers(agent: subprocess.Popen[bytes]) -> None:
     """SIGKILL an agent and the workers it started (torchrun starts each worker in a
     session of its own, so killing the agent's process group would miss them)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == agent.pid:        # the parent's pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(stat.parent.name), signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        agent.kill()
+    for pid in process_tree(agent.pid):        # the agent first: it starts no more
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _logs(tmp_path: Path) -> str:
