@@ -23,7 +23,9 @@ NP ?= 2
 RUN_LIMIT := timeout -k 10 900
 MPI_PYTEST := $(PY) tests/mpi/run.py
 
-.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-stages test-unit test-slurm test-mpi test-ompi bench mutate clean gpu-check \
+.PHONY: install install-ompi install-gloo test-gloo demo demo-keras test test-stages test-unit \
+	test-integration test-integration-a test-integration-b test-lane-a test-lane-b test-slurm \
+	test-mpi test-ompi test-ompi-mpi test-ompi-jobs bench mutate clean gpu-check \
 	docs docs-images docs-check
 
 install: $(VENV)/.installed
@@ -55,7 +57,19 @@ demo-keras: install
 	$(MPIEXEC) -n $(NP) $(PY) examples/keras_digits.py
 
 test-unit: install
-	$(PY) -m pytest -q tests/unit tests/integration
+	$(PY) -m pytest -q tests/unit
+
+# The whole-job tests (tests/integration) in two halves, one per lane of make test: these
+# files in lane B, every other file in lane A (a new file lands there).
+INTEGRATION_B := $(addprefix tests/integration/,test_report.py test_liveness.py \
+	test_bench_transports.py test_keras_elastic.py)
+test-integration: test-integration-a test-integration-b
+
+test-integration-a: install
+	$(PY) -m pytest -q tests/integration $(addprefix --ignore=,$(INTEGRATION_B))
+
+test-integration-b: install
+	$(PY) -m pytest -q $(INTEGRATION_B)
 
 # A real SLURM cluster on this host (installs Debian's slurm-wlm + munge if missing;
 # skips with the reason where that is impossible); each template under both MPIs.
@@ -106,8 +120,12 @@ OMPI_INTEGRATION := tests/integration/test_jobs.py tests/integration/test_livene
 OMPI_JOBS := (hvdliterun or not ([4 or synthetic_benchmark or every_time)) and \
 	not (shuffled or inside_commit or preempted or exhausted or bad_elastic or hvdlite_run \
 	or discovery_script or too_few_slots)
-test-ompi: install-ompi
+test-ompi: test-ompi-mpi test-ompi-jobs
+
+test-ompi-mpi: install-ompi
 	$(OMPI_ENV) $(RUN_LIMIT) $(OMPI_MPIEXEC) -n 2 $(OMPI_PY) tests/mpi/run.py tests/mpi
+
+test-ompi-jobs: install-ompi
 	$(RUN_LIMIT) $(OMPI_PY) -m pytest -q $(OMPI_INTEGRATION) -k '$(OMPI_JOBS)'
 
 # The multi-rank suites whose subject depends on the transport (collectives and their dtypes,
@@ -169,7 +187,18 @@ test:
 	@tmp=$$(mktemp -d -t hvdlite-test.XXXXXX) || exit 1; \
 	    TMPDIR=$$tmp $(MAKE) --no-print-directory test-stages; status=$$?; rm -rf $$tmp; exit $$status
 
-test-stages: docs test-unit test-slurm test-mpi test-ompi test-gloo
+# Two phases, to fit CI's two cores. First two lanes side by side, each stage's output
+# printed whole when it ends: lane A, most whole-job tests (launches, about 1.3 cores
+# busy); lane B, the stages that mostly wait or use one core (the docs build, the unit
+# tests, the SLURM cluster, Open MPI's whole jobs, .venv-gloo's install) and the rest of
+# the whole-job tests. Then, one at a time, the multi-rank suites (each keeps both cores
+# busy, and -n 4 already runs two ranks per core).
+test-stages: install install-ompi
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-a test-lane-b
+	$(MAKE) --no-print-directory test-mpi test-ompi-mpi test-gloo
+
+test-lane-a: test-integration-a
+test-lane-b: docs test-unit test-integration-b test-slurm test-ompi-jobs install-gloo
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
 # tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
