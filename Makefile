@@ -62,7 +62,7 @@ test-unit: install
 # The whole-job tests (tests/integration) in two halves, one per lane of make test: these
 # files in lane B, every other file in lane A (a new file lands there).
 INTEGRATION_B := $(addprefix tests/integration/,test_report.py test_liveness.py \
-	test_bench_transports.py test_keras_elastic.py)
+	test_bench_transports.py)
 test-integration: test-integration-a test-integration-b
 
 test-integration-a: install
