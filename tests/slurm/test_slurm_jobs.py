@@ -65,22 +65,34 @@ def mpi(request: pytest.FixtureRequest) -> Path:
 
 def _job_env(bin_dir: Path, **extra: str) -> dict[str, str]:
     """The venv first on PATH, as if activated where the job was submitted (srun's
-    plugin is left for the template to choose: the cluster's environment has none)."""
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", **extra}
+    plugin is left for the template to choose: the cluster's environment has none).
+    The fake nodes share one host: UCX (MPICH's) to loopback TCP and shared memory, as
+    in _elastic_job."""
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "UCX_NET_DEVICES": "lo",
+            "UCX_TLS": "self,sm,tcp", **extra}
+
+
+def _mpi_start_failed(code: int, output: str) -> bool:
+    """MPICH's UCX start-up under Debian's slurm plugin failed inside MPI_Init_thread,
+    before any hvdlite code ran (the slurm step logs garbled PMI-2 requests, UCX a
+    "Shared memory error" or an "addr version" assertion): the attempt says nothing
+    about the job."""
+    return code != 0 and "MPI_Init_thread(" in output
 
 
 def _submit(cluster: Cluster, template: str, args: list[str], options: list[str],
             extra_env: dict[str, str] | None = None) -> tuple[int, str]:
     """sbatch --wait with up to three attempts. On this machine MPICH's PMI start-up
-    under Debian's slurm pmi2 plugin sometimes hangs inside MPI_Init, before any
-    hvdlite code runs (slurmd logs "mpi/pmi2: invalid client request"); such a job is
-    cancelled after 45 s (a normal one takes ~6 s) and submitted again."""
+    under Debian's slurm pmi2 plugin sometimes hangs or aborts inside MPI_Init, before
+    any hvdlite code runs (slurmd logs "mpi/pmi2: invalid client request"); such a job
+    is cancelled after 45 s (a normal one takes ~6 s), or has failed in
+    MPI_Init_thread, and is submitted again."""
     attempts = []
     for _ in range(3):
         code, output = cluster.sbatch(str(ROOT / "jobs" / template), args, options, cwd=ROOT,
                                       extra_env=extra_env, timeout=45)
         attempts.append(code)
-        if code != 124:
+        if code != 124 and not _mpi_start_failed(code, output):
             return code, output
     return code, f"exit codes {attempts}\n{output}"
 
@@ -218,7 +230,7 @@ def _until_mpi_starts(run: Callable[[Path], tuple[int, str, dict]], tmp: Path,
         scratch = tmp / f"{name}{attempt}"
         scratch.mkdir()
         code, output, result = run(scratch)
-        if code == 0 or "MPI_Init_thread(" not in output:
+        if not _mpi_start_failed(code, output):
             break
     return code, output, result, scratch
 
