@@ -191,9 +191,9 @@ test:
 # printed whole when it ends: lane A, most whole-job tests (launches, about 1.3 cores
 # busy); lane B, the stages that mostly wait or use one core (the docs build, the unit
 # tests, Open MPI's whole jobs, .venv-gloo's install) and the rest of the whole-job tests.
-# Then, one at a time, the SLURM cluster (beside lane A's MPICH jobs, MPICH's start-up
-# under slurm's pmi2 plugin failed in 2 of 3 runs: garbled PMI-2 requests) and the
-# multi-rank suites (each keeps both cores busy; -n 4 already runs two ranks per core).
+# Then, one at a time, the SLURM cluster (its MPICH start-up under slurm's pmi2 plugin is
+# the suite's most fragile step: it runs alone) and the multi-rank suites (each keeps both
+# cores busy; -n 4 already runs two ranks per core).
 test-stages: install install-ompi
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-a test-lane-b
 	$(MAKE) --no-print-directory test-slurm test-mpi test-ompi-mpi test-gloo
