@@ -30,15 +30,17 @@ def test_passes_everywhere():
 
 
 @pytest.mark.timeout(150)
-def test_a_test_that_fails_on_one_rank_fails_the_run_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("np", [2, 4])
+def test_a_test_that_fails_on_one_rank_fails_the_run_on_every_rank(tmp_path: Path,
+                                                                    np: int) -> None:
     script = tmp_path / "test_one_rank_fails.py"
     script.write_text(ONE_RANK_FAILS)
-    command = mpiexec(2) + [sys.executable, "tests/mpi/run.py", "-p", "tests.mpi.conftest",
+    command = mpiexec(np) + [sys.executable, "tests/mpi/run.py", "-p", "tests.mpi.conftest",
                             "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
                             str(script)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "1 failed, 1 passed" in output, output       # rank 0's own report
-    assert "[failed on rank(s) [1]]" in output, output
+    assert f"[failed on rank(s) [{np - 1}]]" in output, output
     assert "planted failure on the last rank" in output, output
