@@ -134,8 +134,10 @@ test-ompi-jobs: install-ompi
 # which has neither mpi4py nor an MPI. Test ids end in gloo-npN. Skipped there, saying why:
 # alltoall and Adasum (the torch transport has neither yet). Left to MPI: mpi4py's own
 # objects (conformance, topology, the MPI library, init(comm=...)), elastic, TensorFlow and
-# Keras, the GPU stand-in, the differential test; torchrun's conformance, lost peers and
-# stall shutdown are whole jobs in tests/integration/test_torchrun.py.
+# Keras, the differential test; torchrun's conformance, lost peers and stall shutdown are
+# whole jobs in tests/integration/test_torchrun.py. The GPU stand-in (tests/standin) runs here
+# too, at -n 2 and -n 4: under torchrun, CUDA buffers go over torch's NCCL (on the stand-in,
+# a Gloo group in its place: hvdlite/backends/torch_nccl.py) or staged over Gloo.
 GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_errors.py \
 	test_bad_inputs.py test_one_rank_errors.py test_unnamed_ops.py test_init_process_sets.py \
 	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
@@ -155,7 +157,9 @@ TORCHRUN := OMP_NUM_THREADS=1 TMPDIR=$(GLOO_TMP) $(RUN_LIMIT) $(GLOO_PY) -m torc
 test-gloo: install-gloo
 	rm -rf $(GLOO_TMP) && mkdir $(GLOO_TMP)
 	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS) \
-	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS); \
+	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS) \
+	    && $(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q tests/standin \
+	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q tests/standin; \
 	    status=$$?; rm -rf $(GLOO_TMP); exit $$status
 
 # The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or API

@@ -106,9 +106,10 @@ class Config:
     gpu_allreduce: str = _knob(
         "nccl", _choice("nccl", "mpi"),
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
-        "process set has one GPU per rank; sets whose ranks share a GPU fall back to "
-        "staging) or 'mpi' (copies through pinned host memory and the "
-        "HVDLITE_ALLREDUCE backend). Without NCCL, GPU tensors are always staged.")
+        "process set has one GPU per rank: CuPy's under MPI, torch's under torchrun; sets "
+        "whose ranks share a GPU fall back to staging) or 'mpi' (copies through pinned host "
+        "memory and the HVDLITE_ALLREDUCE backend; under torchrun, Gloo). Without NCCL, "
+        "GPU tensors are always staged.")
     backends: str = _knob(
         "", parse_backends,
         "Backends asked first, by name, per device type, as torch's 'cpu:gloo,cuda:nccl': "

@@ -12,10 +12,13 @@ limit:
    with the one-rank shortcut off where a test asks (tests/mpi/test_gpu_torch.py,
    test_differential.py, test_torch_buckets.py);
 2. the same at world size 2: two ranks share the GPU, so the staged path;
-3. ``python -m hvdlite.bench gpu`` at world size 1;
-4. Horovod's own test/parallel/test_torch.py at world size 1, if GPU_CHECK_HOROVOD
-   names a checkout of Horovod (run through a two-line alias package made in a
-   temporary directory; nothing of Horovod's is copied here).
+3. ``python -m hvdlite.bench gpu`` at world size 1, under mpiexec and under torchrun;
+4. under torchrun (the torch transport: CUDA tensors over torch's own NCCL), the
+   torchrun GPU tests and the GPU tests at world size 1, and at world size 2 (two
+   ranks on one GPU: staged through the host and Gloo);
+5. Horovod's own test/parallel/test_torch.py at world size 1, under mpiexec and under
+   torchrun, if GPU_CHECK_HOROVOD names a checkout of Horovod (run through a two-line
+   alias package made in a temporary directory; nothing of Horovod's is copied here).
 """
 from __future__ import annotations
 
@@ -28,11 +31,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TESTS = ["tests/mpi/test_gpu_torch.py", "tests/mpi/test_differential.py",
              "tests/mpi/test_torch_buckets.py"]
+TORCHRUN_TESTS = ["tests/mpi/test_gpu_torchrun.py", "tests/mpi/test_gpu_torch.py"]
 _SUMMARY = re.compile(r"=+ (.*(passed|failed|skipped|error).*) in [\d.]+s")
 
 
@@ -94,19 +97,26 @@ def _alias_package(directory: Path) -> None:
         (directory / name).write_text(text)
 
 
-def _horovod_step(mpiexec: list[str], env: dict[str, str], log: Path) -> Optional[tuple]:
+def _torchrun(ranks: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={ranks}"]
+
+
+def _horovod_steps(mpiexec: list[str], env: dict[str, str], log: Path) -> list[tuple]:
     checkout = os.environ.get("GPU_CHECK_HOROVOD")
     if not checkout:
-        return None
+        return []
     scratch = Path(tempfile.mkdtemp(prefix="hvdlite-gpu-check-"))
     try:
         _alias_package(scratch)
         test = Path(checkout) / "test" / "parallel" / "test_torch.py"
         alias_env = {**env, "PYTHONPATH": f"{scratch}{os.pathsep}{ROOT}{os.pathsep}"
                      f"{env.get('PYTHONPATH', '')}"}
-        return _run("Horovod test_torch.py, world size 1",
-                    mpiexec + ["-n", "1", sys.executable, "-m", "pytest", "-q", "-p",
-                     "no:cacheprovider", "--timeout", "120", str(test)], 240, alias_env, log)
+        pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120", str(test)]
+        return [_run("Horovod test_torch.py, torchrun world size 1",
+                     _torchrun(1) + pytest, 240, alias_env, log),
+                _run("Horovod test_torch.py, world size 1", mpiexec + ["-n", "1", sys.executable]
+                     + pytest, 240, alias_env, log)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -115,13 +125,15 @@ def _same_mpi(mpiexec: list[str], env: dict[str, str]) -> None:
     """Two ranks must see a world of two: an mpiexec of one MPI starting a Python
     whose mpi4py loads another makes two worlds of one, and every "two-rank" step
     would test nothing."""
-    probe = "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"
+    # The answer is each rank's exit status: two ranks' printed lines can interleave.
+    probe = "import sys; from mpi4py import MPI; sys.exit(MPI.COMM_WORLD.Get_size() != 2)"
     done = subprocess.run(mpiexec + ["-n", "2", sys.executable, "-c", probe], env=env,
                           capture_output=True, text=True, timeout=60)
-    if done.stdout.split() != ["2", "2"]:
-        raise SystemExit(f"gpu-check: {' '.join(mpiexec)} -n 2 started ranks that see world sizes "
-                         f"{done.stdout.split()}: mpi4py loads another MPI than this mpiexec's. "
-                         "Point MPIEXEC at its mpiexec, or MPI4PY_LIBMPI at this MPI's libmpi.")
+    if done.returncode != 0:
+        raise SystemExit(f"gpu-check: {' '.join(mpiexec)} -n 2 started ranks that do not both "
+                         f"see a world of two (exit {done.returncode}; {done.stderr[-300:]!r}): "
+                         "mpi4py loads another MPI than this mpiexec's. Point MPIEXEC at "
+                         "its mpiexec, or MPI4PY_LIBMPI at this MPI's libmpi.")
 
 
 def main() -> int:
@@ -132,7 +144,12 @@ def main() -> int:
     log = Path(os.environ.get("GPU_CHECK_LOG", ROOT / "gpu-check.log"))
     log.write_text("")
     pytest = [sys.executable, "tests/mpi/run.py", "-q", "-p", "no:cacheprovider", "-s"]
+    torchrun_env = {**env, "OMP_NUM_THREADS": "1"}
     steps = [
+        _run("torchrun GPU tests, world size 1 (torch's NCCL)",
+             _torchrun(1) + pytest[1:] + TORCHRUN_TESTS, 150, torchrun_env, log),
+        _run("torchrun GPU tests, world size 2 (one GPU: staged, Gloo)",
+             _torchrun(2) + pytest[1:] + TORCHRUN_TESTS[:1], 150, torchrun_env, log),
         _run("GPU tests + differential, world size 1 (NCCL)",
              mpiexec + ["-n", "1"] + pytest + GPU_TESTS, 150, env, log),
         _run("GPU tests + differential, world size 2 (one GPU: staged)",
@@ -140,11 +157,13 @@ def main() -> int:
         _run("bench gpu, world size 1",
              mpiexec + ["-n", "1", sys.executable, "-m", "hvdlite.bench", "gpu",
               "--rounds", "3", "--steps", "10"], 150, env, log),
+        _run("bench gpu, torchrun world size 1",
+             _torchrun(1) + ["-m", "hvdlite.bench", "gpu", "--rounds", "3", "--steps", "10"],
+             150, torchrun_env, log),
     ]
     passed = all(outcome.startswith("ok") for _, outcome, _ in steps)
-    horovod = _horovod_step(mpiexec, env, log)     # a reference: its known failures
-    if horovod is not None:                        # (README) do not fail the check
-        steps.append(horovod)
+    # A reference: Horovod's known failures (README) do not fail the check.
+    steps += _horovod_steps(mpiexec, env, log)
     print("\n=== gpu-check summary (full output in " + str(log) + ")")
     for title, outcome, seconds in steps:
         print(f"{title:<58} {seconds:6.1f} s  {outcome}")

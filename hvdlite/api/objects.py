@@ -109,9 +109,13 @@ def ccl_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """True where CuPy and its NCCL binding load (GPU tensors then use NCCL)."""
+    """True where GPU tensors use NCCL: CuPy and its NCCL binding load, or under torchrun,
+    CuPy (which CUDA tensors cross as) and torch's own NCCL."""
     if importlib.util.find_spec("cupy") is None:
         return False
+    if runtime.transport_name() == "gloo":
+        import torch.distributed
+        return bool(torch.distributed.is_nccl_available())
     try:
         from cupy.cuda import nccl
         return nccl.get_version() > 0

@@ -1,5 +1,6 @@
 """The CUDA device plugin: CuPy as the array namespace, one dedicated stream per
-GPU, and two backends: NCCL first, then host staging through pinned memory.
+GPU, and three backends: NCCL first (torch's on the torch transport, CuPy's on
+MPI), then host staging through pinned memory.
 
 Loaded by ``hvdlite.core.devices`` the first time a request names a "cuda"
 device (importing it imports CuPy); it reads NAMESPACE, prepare, fence and
@@ -17,6 +18,7 @@ import cupy
 from hvdlite.backends.cuda import device_index, stream_for
 from hvdlite.backends.nccl import NCCL_AVAILABLE, NcclBackend
 from hvdlite.backends.staged import StagedBackend
+from hvdlite.backends.torch_nccl import TorchNcclBackend
 
 NAMESPACE = cupy
 
@@ -36,5 +38,6 @@ def fence(device: str) -> Any:
     return event
 
 
-# In order of preference: NCCL where it loads, then staging (always correct).
-BACKENDS = ([NcclBackend] if NCCL_AVAILABLE else []) + [StagedBackend]
+# In order of preference: torch's NCCL for sets on the torch transport (torchrun), CuPy's
+# NCCL for MPI's where it loads, then staging (always correct).
+BACKENDS = [TorchNcclBackend] + ([NcclBackend] if NCCL_AVAILABLE else []) + [StagedBackend]

@@ -1,12 +1,13 @@
 """NCCL collectives on GPU buffers, on the engine's stream of each GPU.
 
-One NCCL communicator per process set, created at the set's first GPU
-collective: set rank 0 makes the unique id and broadcasts it over the set's
-MPI communicator (every member runs the same collective at the same point,
+One NCCL communicator (CuPy's) per process set of an MPI world, created at
+the set's first GPU collective: set rank 0 makes the unique id and broadcasts
+it over the set's MPI communicator (every member runs the same collective at the same point,
 so this is safe on the engine thread). NCCL refuses a communicator in which
 two ranks share a GPU; such a set is served by the staged backend instead,
 decided from an allgather of (host, GPU) so every member decides alike.
-Half types reduce natively.
+Half types reduce natively. Sets on the torch transport (torchrun) are
+hvdlite/backends/torch_nccl.py's, over torch's own NCCL.
 
 Average is always NCCL's Sum, divided afterwards by the executor: never NCCL's
 own ncclAvg. NCCL 2.28's ncclAvg, out of place on a one-rank communicator,
@@ -59,6 +60,7 @@ class NcclBackend:
     def __init__(self, config: Any) -> None:
         self._mpi: dict[int, Any] = {}
         self._nccl: dict[int, Optional[Any]] = {}   # None: the set shares a GPU -> staged
+        self._declined = False                       # True on a world that is no MPI
         self._staged = StagedBackend(config)
         # One estimated byte count with the staged fallback's (NCCL picks its algorithm).
         self.traffic = self._staged.traffic
@@ -70,14 +72,17 @@ class NcclBackend:
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return (self._enabled and device.startswith("cuda") and np.dtype(dtype) in _TYPES
-                and op is not ReduceOp.ADASUM)
+        return (self._enabled and not self._declined and device.startswith("cuda")
+                and np.dtype(dtype) in _TYPES and op is not ReduceOp.ADASUM)
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return np.dtype(dtype)
 
     def open_set(self, set_id: int, comm: Any) -> None:
-        self._mpi[set_id] = comm
+        if hasattr(comm, "allreduce_array"):   # torchrun's world: torch-nccl serves its sets
+            self._declined = True
+        else:
+            self._mpi[set_id] = comm
         self._staged.open_set(set_id, comm)
 
     def close_set(self, set_id: int) -> None:

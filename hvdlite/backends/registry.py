@@ -57,8 +57,9 @@ def _builtin(module: str, cls: str, *fields: str) -> BackendFactory:
 
 
 # The host backends in order of preference (HVDLITE_ALLREDUCE selects among ps, ring
-# and mpi; see hvdlite.core.chain); the CUDA plugin (hvdlite.backends.gpu) brings nccl
-# and staged, with their factories, when a request first names a cuda device.
+# and mpi; see hvdlite.core.chain); the CUDA plugin (hvdlite.backends.gpu) brings
+# torch-nccl, nccl and staged, with their factories, when a request first names a cuda
+# device.
 # "transport" serves host data on a world transport that is no MPI communicator
 # (torchrun's Gloo; hvdlite.backends.on_transport): the chain asks it only there, and
 # the MPI-based host backends only where the world is MPI (hvdlite.core.chain).
@@ -70,6 +71,7 @@ _ENTRIES: list[Entry] = [
     Entry("ring", _builtin("hvdlite.backends.ring", "RingBackend", "ring_chunk"),
           frozenset({"cpu"}), True),
     Entry("mpi", _builtin("hvdlite.backends.mpi", "MpiBackend"), frozenset({"cpu"}), True),
+    Entry("torch-nccl", None, frozenset({"cuda"}), True, plugin=True),
     Entry("nccl", None, frozenset({"cuda"}), True, plugin=True),
     Entry("staged", None, frozenset({"cuda"}), True, plugin=True),
 ]

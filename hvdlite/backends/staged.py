@@ -1,5 +1,6 @@
 """GPU buffers through the host: copy to pinned memory, run the host backend
-(MPI, or the ring for large reductions), copy back.
+(MPI, or the ring for large reductions; on the torch transport, its Gloo
+collectives), copy back.
 
 Correctness never depends on NCCL: this serves GPUs without NCCL, settings
 that ask for it (HVDLITE_GPU_ALLREDUCE=mpi), and process sets whose ranks
@@ -17,6 +18,7 @@ import numpy as np
 from hvdlite.backends.base import DONE, Buffer, Done, Traffic, widened_dtype
 from hvdlite.backends.cuda import current_stream
 from hvdlite.backends.mpi import MpiBackend
+from hvdlite.backends.on_transport import TransportBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.reduce_op import ReduceOp
 
@@ -45,8 +47,11 @@ class StagedBackend:
     def __init__(self, config: Any) -> None:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
+        self._transport = TransportBackend()     # sets on a transport that is no MPI
+        self._on_transport: set[int] = set()
         # The host backends count into one estimated total (MPI's part is an estimate).
-        self.traffic = self._mpi.traffic = self._ring.traffic = Traffic(exact=False)
+        self.traffic = self._mpi.traffic = self._ring.traffic = self._transport.traffic = \
+            Traffic(exact=False)
         self._pinned = _Pinned()
         self.configure(config)
 
@@ -61,14 +66,26 @@ class StagedBackend:
         return widened_dtype(dtype)
 
     def open_set(self, set_id: int, comm: Any) -> None:
-        self._mpi.open_set(set_id, comm)
-        self._ring.open_set(set_id, comm)
+        if hasattr(comm, "allreduce_array"):       # torchrun's: its own collectives
+            self._on_transport.add(set_id)
+            self._transport.open_set(set_id, comm)
+        else:
+            self._mpi.open_set(set_id, comm)
+            self._ring.open_set(set_id, comm)
 
     def close_set(self, set_id: int) -> None:
+        self._on_transport.discard(set_id)
+        self._transport.close_set(set_id)
         self._mpi.close_set(set_id)
         self._ring.close_set(set_id)
 
-    def _reducer(self, nbytes: int) -> Any:
+    def _host(self, set_id: int) -> Any:
+        """The host backend of the set's gathers, broadcasts and alltoalls."""
+        return self._transport if set_id in self._on_transport else self._mpi
+
+    def _reducer(self, set_id: int, nbytes: int) -> Any:
+        if set_id in self._on_transport:
+            return self._transport
         use_ring = self._ring_from is not None and nbytes >= self._ring_from
         return self._ring if use_ring else self._mpi
 
@@ -86,7 +103,7 @@ class StagedBackend:
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Done:
         host = self._to_host(buf)
         wide = _widened(host)
-        self._reducer(wide.nbytes).allreduce(set_id, wide, op)
+        self._reducer(set_id, wide.nbytes).allreduce(set_id, wide, op)
         if wide is not host:
             host[...] = wide
         self._to_device(host, buf)
@@ -96,13 +113,13 @@ class StagedBackend:
                   counts: Sequence[int]) -> Done:
         host_send = self._to_host(send)
         host_recv = self._pinned.view(recv.dtype, recv.size, _aligned(host_send.nbytes))
-        self._mpi.allgather(set_id, host_send, host_recv, counts)
+        self._host(set_id).allgather(set_id, host_send, host_recv, counts)
         self._to_device(host_recv, recv)
         return DONE
 
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Done:
         host = self._to_host(buf)
-        self._mpi.broadcast(set_id, host, root)
+        self._host(set_id).broadcast(set_id, host, root)
         self._to_device(host, buf)
         return DONE
 
@@ -110,7 +127,7 @@ class StagedBackend:
                  recv: Buffer, recv_counts: Sequence[int]) -> Done:
         host_send = self._to_host(send)
         host_recv = self._pinned.view(recv.dtype, recv.size, _aligned(host_send.nbytes))
-        self._mpi.alltoall(set_id, host_send, send_counts, host_recv, recv_counts)
+        self._host(set_id).alltoall(set_id, host_send, send_counts, host_recv, recv_counts)
         self._to_device(host_recv, recv)
         return DONE
 
@@ -118,7 +135,7 @@ class StagedBackend:
                       out: Buffer, op: ReduceOp) -> Done:
         host = _widened(self._to_host(buf))
         host_out = np.empty(out.size, dtype=host.dtype)
-        self._reducer(host.nbytes).reducescatter(set_id, host, counts, host_out, op)
+        self._reducer(set_id, host.nbytes).reducescatter(set_id, host, counts, host_out, op)
         self._to_device(host_out.astype(out.dtype, copy=False), out)
         return DONE
 

@@ -3,6 +3,7 @@ against torch.distributed's NCCL, and the training step of a small ResNet with
 hvdlite's DistributedOptimizer against plain torch and DDP.
 
     mpiexec -n 1 python -m hvdlite.bench gpu        # world size 1, one GPU
+    torchrun --nproc_per_node=1 -m hvdlite.bench gpu   # the same under torchrun
 
 Every figure is the median over interleaved rounds (each round times every
 method once, in turn), with the spread (min-max) beside it.
@@ -13,7 +14,11 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+# torch.distributed's NCCL group of the baselines (DDP, dist.all_reduce): the default group
+# under MPI (None), one of its own under torchrun, where hvdlite's default group is Gloo.
+_BASELINE_GROUP: Optional[Any] = None
 
 
 def _median_spread(samples: Sequence[float]) -> str:
@@ -46,7 +51,7 @@ def _allreduce_table(rounds: int) -> None:
         methods: dict[str, Callable[[], None]] = {
             "nccl": lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench.gpu"),
             "staged": lambda: hvd.allreduce_(buf, op=hvd.Sum, name="bench.gpu"),
-            "torch": lambda: dist.all_reduce(buf)}
+            "torch": lambda: dist.all_reduce(buf, group=_BASELINE_GROUP)}
         samples: dict[str, list[float]] = {k: [] for k in methods}
         for _ in range(rounds):
             for key, step in methods.items():
@@ -80,7 +85,8 @@ def _many_small(rounds: int, count: int = 200) -> None:
                                                      name="bench.gpu.grouped"))
 
     def torch_many() -> None:
-        for work in [dist.all_reduce(t, async_op=True) for t in tensors]:
+        for work in [dist.all_reduce(t, async_op=True, group=_BASELINE_GROUP)
+                     for t in tensors]:
             work.wait()
     methods = {"hvdlite, one by one": hvdlite_many, "hvdlite, grouped": hvdlite_grouped,
                "torch.distributed nccl": torch_many}
@@ -145,7 +151,8 @@ def _training_table(rounds: int, steps: int, name: str) -> None:
             optimizer = hvd.DistributedOptimizer(optimizer,
                                                  named_parameters=model.named_parameters())
         elif kind == "ddp":
-            model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+            model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()],
+                                            process_group=_BASELINE_GROUP)
 
         def step() -> None:
             optimizer.zero_grad()
@@ -184,12 +191,18 @@ def main(argv: Sequence[str]) -> None:
     import hvdlite.torch as hvd
     hvd.init()
     torch.cuda.set_device(hvd.local_device())
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=hvd.rank(), world_size=hvd.size())
+    global _BASELINE_GROUP
+    if dist.is_initialized():          # torchrun: hvdlite's transport made the Gloo default
+        _BASELINE_GROUP = dist.new_group(backend="nccl")
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("nccl", rank=hvd.rank(), world_size=hvd.size())
+    transport = "torchrun (gloo)" if hvd.gloo_enabled() else "mpi"
     print(f"hvdlite GPU benchmark: {torch.cuda.get_device_name()}, nccl_built="
-          f"{hvd.nccl_built()}, {hvd.size()} rank(s)")
+          f"{hvd.nccl_built()}, {hvd.size()} rank(s), transport {transport}")
     _allreduce_table(args.rounds)
     for name in ("resnet", "transformer"):
         _training_table(args.rounds, args.steps, name)
-    dist.destroy_process_group()
+    if _BASELINE_GROUP is None:
+        dist.destroy_process_group()

@@ -8,8 +8,8 @@ world (``new_group``), so only a transport spanning the world splits; and torch
 numbers a group's ranks in global order, so a split with another key order is
 renumbered here (``members``). The host data runs on the registry's built-in
 "transport" backend (hvdlite/backends/on_transport.py), which the chain asks on this
-world instead of the MPI ones. Data on host NumPy buffers only (CUDA tensors are
-staged through the host by the executor, not sent over NCCL).
+world instead of the MPI ones. CUDA buffers go over torch's NCCL, in a process group
+of each set's members (``device_group``; hvdlite/backends/torch_nccl.py).
 """
 from __future__ import annotations
 
@@ -209,6 +209,22 @@ class TorchTransport:
 
     def free(self) -> None:
         """Nothing: torch frees its groups with the default group, at shutdown."""
+
+    def device_group(self, backend: str) -> Any:
+        """A c10d process group of this transport's members, in our rank order, on
+        ``backend`` ("nccl"; "gloo" for the CPU stand-in of tests/standin), for the GPU
+        backend (hvdlite/backends/torch_nccl.py). Only the members call it: it is made
+        from the job's store under a prefix rank 0 draws, not through ``new_group``,
+        which every process of the world must call in the same order."""
+        token = self.bcast(os.urandom(8).hex() if self.rank == 0 else None)
+        store = dist.PrefixStore(f"hvdlite/device-group/{token}",
+                                 dist.distributed_c10d._get_default_store())
+        if backend == "nccl":
+            return dist.ProcessGroupNCCL(store, self.rank, self.size)
+        if backend == "gloo":
+            return dist.ProcessGroupGloo(store, self.rank, self.size)
+        raise UsageError(f"rank {self.rank}: no device group on backend {backend!r}; "
+                         "known: 'nccl', 'gloo'")
 
     def liveness_channel(self) -> StoreChannel:
         # A prefix of the session's own (rank 0's random token): a second init() in

@@ -34,6 +34,7 @@ algorithm or protocol choice, no real interconnect timing. Those are what
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import importlib.machinery
 import itertools
@@ -44,7 +45,6 @@ import weakref
 from typing import Any, Optional
 
 import numpy as np
-from mpi4py import MPI
 
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.core.requests import dtype_name, to_dtype
@@ -201,25 +201,32 @@ class _Namespace(types.ModuleType):
 
 # --- NCCL over MPI ---------------------------------------------------------------------
 
+def _mpi() -> Any:
+    """mpi4py's MPI, imported at the first NCCL call: under torchrun, whose GPU sets
+    run on torch's NCCL (here Gloo, ``TorchStandIn``), none is needed."""
+    from mpi4py import MPI
+    return MPI
+
+
 _serials = itertools.count(1)
 
 
 def get_unique_id() -> tuple:
     """128 C chars naming the caller's world rank and a serial of its own."""
-    header = np.array([MPI.COMM_WORLD.Get_rank(), next(_serials)], np.int64).tobytes()
+    header = np.array([_mpi().COMM_WORLD.Get_rank(), next(_serials)], np.int64).tobytes()
     return tuple(np.frombuffer(header + bytes(112), np.int8).tolist())
 
 
 def _members(root: int, serial: int, ndev: int, rank: int) -> list[int]:
     """World ranks of the communicator's ranks 0..ndev-1, told by its root (the
     rank that made the id), which hears from each of the others."""
-    world, tag = MPI.COMM_WORLD, _HANDSHAKE_TAG + serial % 10000
+    world, tag = _mpi().COMM_WORLD, _HANDSHAKE_TAG + serial % 10000
     if rank != 0:
         world.send((rank, world.Get_rank()), dest=root, tag=tag)
         return world.recv(source=root, tag=tag)
     members = [world.Get_rank()] + [-1] * (ndev - 1)
     for _ in range(ndev - 1):
-        theirs, world_rank = world.recv(source=MPI.ANY_SOURCE, tag=tag)
+        theirs, world_rank = world.recv(source=_mpi().ANY_SOURCE, tag=tag)
         members[theirs] = world_rank
     for world_rank in members[1:]:
         world.send(members, dest=world_rank, tag=tag)
@@ -245,8 +252,8 @@ class NcclCommunicator(fake_nccl.NcclCommunicator):
             raise fake_nccl.NcclError("invalid unique id")
         root, serial = np.frombuffer(np.array(commId, np.int8).tobytes()[:16], np.int64)
         members = _members(int(root), int(serial), ndev, rank)
-        group = MPI.COMM_WORLD.Get_group().Incl(members)
-        comm = MPI.COMM_WORLD.Create_group(group, tag=_HANDSHAKE_TAG + int(serial) % 10000)
+        group = _mpi().COMM_WORLD.Get_group().Incl(members)
+        comm = _mpi().COMM_WORLD.Create_group(group, tag=_HANDSHAKE_TAG + int(serial) % 10000)
         group.Free()
         self.rank, self.size, self.device = rank, ndev, fake_cupy.current_device()
         self._world = _MpiWorld(comm)
@@ -296,7 +303,26 @@ def install() -> types.ModuleType:
     for name, module in modules.items():     # importlib.util.find_spec reads it
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     sys.modules.update(modules)
+    from hvdlite.backends import torch_nccl     # imports cupy: the stand-in's, from here on
+    torch_nccl.DEVICE = TorchStandIn
     return cupy
+
+
+class TorchStandIn:
+    """hvdlite/backends/torch_nccl.py's ``DEVICE`` on the stand-in (torchrun runs): the
+    device arrays' host memory as CPU tensors, Gloo groups of the set's members in
+    NCCL's place, and no stream to make current (work runs when it is issued)."""
+    group_backend = "gloo"
+
+    @staticmethod
+    def tensor(buf: Any) -> Any:
+        import torch
+        raw = buf.reshape(-1).view(np.ndarray).view(np.uint8)
+        return torch.from_numpy(raw).view(getattr(torch, buf.dtype.name))
+
+    @staticmethod
+    def on_engine_stream() -> Any:
+        return contextlib.nullcontext()
 
 
 def use_device(index: int) -> None:
@@ -306,30 +332,39 @@ def use_device(index: int) -> None:
     fake_cupy.Stream().use()
 
 
-# Bugs planted in hvdlite/backends/nccl.py's own source (STANDIN_PLANT=name), to show
-# that the stand-in catches them: (text as it is, text with the bug).
+# Bugs planted in a GPU backend's own source (STANDIN_PLANT=name), to show that the
+# stand-in catches them: (module, text as it is, text with the bug). nccl.py's run under
+# mpiexec; torch_nccl.py's under torchrun (tests/integration/test_standin_plants.py).
 PLANTS = {
-    "reducescatter-offset": ("buf.data.ptr + start * itemsize", "buf.data.ptr + start"),
-    "allgather-count": ("recv.data.ptr + start, count, kind, root",
+    "reducescatter-offset": ("nccl", "buf.data.ptr + start * itemsize", "buf.data.ptr + start"),
+    "allgather-count": ("nccl", "recv.data.ptr + start, count, kind, root",
                         "recv.data.ptr + start, max(count - 1, 0), kind, root"),
-    "allreduce-count": ("target.data.ptr, target.size,", "target.data.ptr, target.nbytes,"),
+    "allreduce-count": ("nccl", "target.data.ptr, target.size,", "target.data.ptr, target.nbytes,"),
+    "torch-allgather-padding": ("torch_nccl", "gathered[rank * longest: rank * longest + count]",
+                                "gathered[rank * count: rank * count + count]"),
+    "torch-reducescatter-start": ("torch_nccl", "start = sum(counts[:me])",
+                                  "start = me * counts[me]"),
+    "torch-broadcast-root": ("torch_nccl", "options.rootRank, options.rootTensor = root, 0",
+                             "options.rootRank, options.rootTensor = 0, 0"),
 }
 
 
 def plant(name: str) -> None:
-    """Load hvdlite.backends.nccl with bug ``name`` in its source, in its place."""
+    """Load the GPU backend module with bug ``name`` in its source, in its place."""
     import hvdlite.backends
-    path = hvdlite.backends.__path__[0] + "/nccl.py"
+    module_name, correct, planted = PLANTS[name]
+    path = f"{hvdlite.backends.__path__[0]}/{module_name}.py"
     with open(path, encoding="utf-8") as file:
         source = file.read()
-    correct, planted = PLANTS[name]
     if correct not in source:
         raise AssertionError(f"plant {name!r}: {correct!r} is no longer in {path}; "
                              "update PLANTS to today's code")
-    module = types.ModuleType("hvdlite.backends.nccl")
+    module = types.ModuleType(f"hvdlite.backends.{module_name}")
     module.__file__ = path
     sys.modules[module.__name__] = module
     exec(compile(source.replace(correct, planted), path, "exec"), module.__dict__)
+    if module_name == "torch_nccl":
+        module.DEVICE = TorchStandIn
 
 
 class StandInAdapter(TensorAdapter):

@@ -3,7 +3,10 @@ the NumPy reference (tests/differential.py) through NCCL (each rank on a "GPU" o
 its own) and through the staged path, with joined ranks, process sets and group
 calls; the NCCL code is shown to have run.
 
-Run: mpiexec -n 2 python tests/mpi/run.py tests/standin (and -n 4).
+Run: mpiexec -n 2 python tests/mpi/run.py tests/standin (and -n 4), and under torchrun
+(python -m torch.distributed.run --standalone --nproc_per_node=2 tests/mpi/run.py
+tests/standin), where the NCCL path is torch's (hvdlite/backends/torch_nccl.py, on Gloo
+here) and the staged one moves the host copy over Gloo.
 """
 from __future__ import annotations
 
@@ -49,10 +52,15 @@ def device_path(name: str) -> Path:
                 host=False)
 
 
+def _torch_nccl_calls() -> int:
+    kinds = hvd.traffic()["backends"].get("torch-nccl", {}).get("kinds", {})
+    return sum(kind["calls"] for kind in kinds.values())
+
+
 def test_every_collective_matches_numpy_on_the_device(evens: Any, gpu_path: str) -> None:
-    launches = len(fake_nccl.state().groups)
+    launches, torch_calls = len(fake_nccl.state().groups), _torch_nccl_calls()
     started = time.perf_counter()
-    name = f"standin-{gpu_path}"
+    name = f"standin-{gpu_path}-{runtime.transport_name()}"
     failures = differential.run_cases(device_path(name), differential.cases(CASES), evens,
                                       REPRODUCE.format(size=hvd.size(), path=gpu_path))
     if hvd.rank() == 0:
@@ -60,10 +68,14 @@ def test_every_collective_matches_numpy_on_the_device(evens: Any, gpu_path: str)
               f"{time.perf_counter() - started:.1f} s")
     assert not failures, "\n".join(failures[:10])
     nccl_launches = len(fake_nccl.state().groups) - launches
-    if gpu_path == "nccl":
+    torch_moved = _torch_nccl_calls() - torch_calls
+    on_mpi = runtime.transport_name() == "mpi"
+    if gpu_path == "nccl" and on_mpi:
         assert nccl_launches > CASES // 2, "the NCCL backend was not used"
+    elif gpu_path == "nccl":       # torchrun: torch's NCCL (Gloo here), never CuPy's
+        assert nccl_launches == 0 and torch_moved > 0, "the torch-nccl backend was not used"
     else:
-        assert nccl_launches == 0, "the staged path called NCCL"
+        assert nccl_launches == 0 and torch_moved == 0, "the staged path called NCCL"
 
 
 @pytest.mark.parametrize("n", [1, 17, 4913, 1_048_579])

@@ -93,7 +93,7 @@ def test_an_unknown_name_is_refused_naming_it_and_every_registered_one() -> None
     assert isinstance(info.value, ConfigError)
     message = str(info.value)
     assert "HVDLITE_BACKENDS names backend 'tyo', which is not registered" in message
-    assert "adasum, mpi, nccl, ps, ring, staged, toy, transport" in message
+    assert "adasum, mpi, nccl, ps, ring, staged, torch-nccl, toy, transport" in message
     with pytest.raises(UnknownBackendError, match="before= names backend 'rign'"):
         register_backend("other", _toy("other"), before="rign")
     assert "other" not in registry.names()
@@ -186,20 +186,22 @@ def test_the_setting_refuses_what_is_not_a_name_or_device_name(text: str) -> Non
         Config.load({"HVDLITE_BACKENDS": text})
 
 
-@pytest.mark.parametrize("nccl_version,cuda_chain", [(21805, ["nccl", "staged"]),
-                                                     (None, ["staged"])])
+@pytest.mark.parametrize("nccl_version,cuda_chain,picked", [
+    (21805, ["nccl", "torch-nccl", "staged"], "nccl"),
+    (None, ["torch-nccl", "staged"], "staged")])
 def test_the_cuda_plugin_fills_in_nccl_and_staged_where_they_were_declared(
         monkeypatch: pytest.MonkeyPatch, load: Any, nccl_version: Any,
-        cuda_chain: list[str]) -> None:
+        cuda_chain: list[str], picked: str) -> None:
     """hvdlite/backends/gpu.py over the CuPy stand-in, loaded at the first cuda request:
     its backends take their declared names (which HVDLITE_BACKENDS could name before);
-    without NCCL, only staging serves."""
+    without NCCL, only staging serves. torch-nccl serves only sets on the torch
+    transport (torchrun), so an MPI world never picks it."""
     from hvdlite.core import devices
     gpu = load(nccl_version)
     monkeypatch.setitem(devices._PLUGINS, "cuda", "hvdlite.backends.gpu")
     chain = _chain(backends="cuda:nccl")
     assert chain.chain_for("cuda") == []                   # not loaded yet
-    assert _picked(chain, device="cuda:0") == cuda_chain[0]
+    assert _picked(chain, device="cuda:0") == picked
     assert [b.name for b in chain.chain_for("cuda")] == cuda_chain
     assert next(e for e in registry.entries() if e.name == "staged").factory is \
         gpu.staged.StagedBackend

@@ -120,11 +120,14 @@ def test_nccl_comes_first_where_it_loads_and_staging_always(
         load: Callable[..., SimpleNamespace]) -> None:
     modules = load()
     assert modules.gpu.NAMESPACE is modules.cupy
-    assert modules.gpu.BACKENDS == [modules.nccl.NcclBackend, modules.staged.StagedBackend]
+    torch_nccl = modules.torch_nccl.TorchNcclBackend     # torchrun's sets only (torch's NCCL)
+    assert modules.gpu.BACKENDS == [torch_nccl, modules.nccl.NcclBackend,
+                                    modules.staged.StagedBackend]
     for missing in (None, 0):           # a CuPy without NCCL; an NCCL that reports no version
         modules = load(missing)
         assert not modules.nccl.NCCL_AVAILABLE
-        assert modules.gpu.BACKENDS == [modules.staged.StagedBackend]
+        assert modules.gpu.BACKENDS == [modules.torch_nccl.TorchNcclBackend,
+                                        modules.staged.StagedBackend]
         assert not modules.nccl.NcclBackend(config()).supports("allreduce", F32, "cuda:0", 4)
 
 
