@@ -71,12 +71,32 @@ class Placement:
         return max(sharing, key=lambda n: n.ranks / max(n.cpus, 1e-9)) if sharing else None
 
 
-def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+# HVDLITE_CYCLE_TIME on the torch transport where ranks compute on CPUs (see choose).
+GLOO_CYCLE_MS = 3.0
+
+
+def choose(placement: Placement, explicit: Iterable[str],
+           transport: str = "mpi") -> tuple[dict[str, Any], list[str]]:
     """The settings to change from their fixed defaults, and one sentence per change
-    saying why. Pure: the same placement gives the same answer on every rank."""
+    saying why. Pure: the same placement and transport (its ``name``) give the same
+    answer on every rank."""
     fixed = set(explicit)
     changes: dict[str, Any] = {}
     reasons: list[str] = []
+    if (transport == "gloo" and "cycle_time" not in fixed
+            and any(node.cpu_ranks for node in placement.nodes)):
+        # Each negotiation round there is a Gloo collective over TCP, served by Gloo's
+        # own threads: where ranks keep the cores busy it costs the CPU of several
+        # wake-ups, where MPI's is a read of shared memory. Rounds of idle ticks (one per
+        # cycle while a peer has work) then cost more than the latency they save; local
+        # work still starts a round at once. Measured at np=2 and 4 on 2 cores (medians of
+        # three rounds): the transformer +2% and +24%, the MLP +3% and +0%, with less
+        # engine and Gloo CPU per step in every case (BENCHMARKS.md, sixth session).
+        changes["cycle_time"] = GLOO_CYCLE_MS
+        reasons.append(
+            f"HVDLITE_CYCLE_TIME={GLOO_CYCLE_MS:g} ms: on the torch transport each "
+            "negotiation round is a Gloo collective over TCP, which costs ranks computing "
+            "on CPUs more than the latency an idle tick saves")
     crowded = placement.crowded
     if crowded is not None and "ring_threshold" not in fixed:
         # The ring moves 2(P-1)/P of the buffer through hvdlite's own sends, receives
@@ -113,7 +133,7 @@ def agree(transport: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, li
     finally:
         local.free()
     nodes = tuple(n for n in transport.allgather(node if leader else None) if n is not None)
-    changes, reasons = choose(Placement(nodes), explicit)
+    changes, reasons = choose(Placement(nodes), explicit, getattr(transport, "name", "mpi"))
     if reasons and transport.rank == 0:
         for reason in reasons:
             _log.info("default %s", reason)

@@ -56,17 +56,29 @@ class TorchPending:
         self._done, self._keep = True, ()
 
 
+def _reduce_options(op: Any) -> Any:
+    options = dist.AllreduceOptions()
+    options.reduceOp = op
+    return options
+
+
+# Made once: each round and each host reduction calls the group itself, not
+# dist.all_reduce, whose checks cost more than Gloo's own allreduce at one rank
+# (25 us against 17 us a call, measured here).
+_BAND = _reduce_options(dist.ReduceOp.BAND)
+_OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
+
+
 class TorchRound:
     def __init__(self, group: Any, vector: array.array) -> None:
         self._group = group
         # The vector's own memory: the reduction lands where the engine reads it.
         # int64, not uint64: Gloo's bitwise AND is the same on either.
         self._tensor = torch.frombuffer(vector, dtype=torch.int64)
+        self._tensors = [self._tensor]
 
     def start(self) -> TorchPending:
-        work = dist.all_reduce(self._tensor, op=dist.ReduceOp.BAND, group=self._group,
-                               async_op=True)
-        return TorchPending(work, self._tensor)
+        return TorchPending(self._group.allreduce(self._tensors, _BAND), self._tensor)
 
     def free(self) -> None:
         pass
@@ -247,7 +259,7 @@ class TorchTransport:
             # Gloo has no 16-bit integers nor unsigned ones past 8 bits: reduced wider, then
             # narrowed, which wraps Sum and Product as MPI's reduction of the type does.
             wider = buf.astype(wide)
-            dist.all_reduce(_tensor(wider, self.rank), op=_OPS[op], group=self.group)
+            self._allreduce(_tensor(wider, self.rank), op)
             buf[...] = wider.astype(buf.dtype)
         elif buf.dtype == np.uint64:
             # As int64: Sum and Product are the same bits; flipping the sign bit maps
@@ -256,11 +268,14 @@ class TorchTransport:
             flip = op in (ReduceOp.MIN, ReduceOp.MAX)
             if flip:
                 signed ^= _SIGN64
-            dist.all_reduce(_tensor(signed, self.rank), op=_OPS[op], group=self.group)
+            self._allreduce(_tensor(signed, self.rank), op)
             if flip:
                 signed ^= _SIGN64
         else:
-            dist.all_reduce(_tensor(buf, self.rank), op=_OPS[op], group=self.group)
+            self._allreduce(_tensor(buf, self.rank), op)
+
+    def _allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
+        self.group.allreduce([tensor], _OPTIONS[op]).wait()
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
         raw = buf.reshape(-1).view(np.uint8)     # any dtype travels as bytes

@@ -111,3 +111,21 @@ def test_a_node_reports_the_union_of_its_ranks_cpus_and_their_tightest_quota() -
     assert defaults.local_node(_LocalComm(reports)) == Node(ranks=4, cpu_ranks=3, cpus=1.5)
     bound = [(frozenset({i}), None, True) for i in range(4)]    # one core each, bound
     assert defaults.local_node(_LocalComm(bound)) == Node(4, 4, 4.0)
+
+
+def test_on_the_torch_transport_ranks_on_cpus_tick_every_three_milliseconds() -> None:
+    """Each negotiation round over Gloo costs CPU that ranks computing on CPUs need:
+    idle ticks come less often there; MPI's rounds keep the fixed cycle."""
+    placement = Placement((Node(ranks=2, cpu_ranks=2, cpus=2.0),))
+    changes, reasons = defaults.choose(placement, explicit=(), transport="gloo")
+    assert changes == {"cycle_time": defaults.GLOO_CYCLE_MS} == {"cycle_time": 3.0}
+    assert reasons[0].startswith("HVDLITE_CYCLE_TIME=3 ms: on the torch transport")
+    assert defaults.choose(placement, explicit=(), transport="mpi") == ({}, [])
+
+
+def test_on_the_torch_transport_gpus_and_a_given_cycle_keep_theirs() -> None:
+    gpus = Placement((Node(ranks=2, cpu_ranks=0, cpus=2.0),))
+    assert defaults.choose(gpus, explicit=(), transport="gloo") == ({}, [])
+    cpus_ = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
+    changes, _ = defaults.choose(cpus_, explicit={"cycle_time"}, transport="gloo")
+    assert changes == {"ring_threshold": NO_RING}       # the crowded node's rule still applies
