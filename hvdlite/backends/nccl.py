@@ -2,11 +2,9 @@
 
 One NCCL communicator (CuPy's) per process set of an MPI world, created at
 the set's first GPU collective: set rank 0 makes the unique id and broadcasts
-it over the set's MPI communicator (every member runs the same collective at the same point,
-so this is safe on the engine thread). NCCL refuses a communicator in which
-two ranks share a GPU; such a set is served by the staged backend instead,
-decided from an allgather of (host, GPU) so every member decides alike.
-Half types reduce natively. Sets on the torch transport (torchrun) are
+it over the set's MPI communicator. A set whose ranks share a GPU, which NCCL
+refuses, is served by the staged backend instead (hvdlite/backends/gpu_sets.py,
+shared with torch's NCCL backend). Half types reduce natively. Sets on the torch transport (torchrun) are
 hvdlite/backends/torch_nccl.py's, over torch's own NCCL.
 
 Average is always NCCL's Sum, divided afterwards by the executor: never NCCL's
@@ -19,16 +17,14 @@ the same thing on every path.
 """
 from __future__ import annotations
 
-import socket
 from typing import Any, Optional, Sequence
 
-import cupy
 import ml_dtypes
 import numpy as np
 
 from hvdlite.backends.base import Buffer, offsets
 from hvdlite.backends.cuda import StreamWork, current_stream
-from hvdlite.backends.staged import StagedBackend
+from hvdlite.backends.gpu_sets import PerSetNccl
 from hvdlite.reduce_op import ReduceOp
 
 try:
@@ -54,55 +50,33 @@ else:
 _GROUP_OPS = 1024
 
 
-class NcclBackend:
+class NcclBackend(PerSetNccl):
     name = "nccl"
 
     def __init__(self, config: Any) -> None:
-        self._mpi: dict[int, Any] = {}
-        self._nccl: dict[int, Optional[Any]] = {}   # None: the set shares a GPU -> staged
         self._declined = False                       # True on a world that is no MPI
-        self._staged = StagedBackend(config)
-        # One estimated byte count with the staged fallback's (NCCL picks its algorithm).
-        self.traffic = self._staged.traffic
-        self.configure(config)
-
-    def configure(self, config: Any) -> None:
-        self._enabled = config.gpu_allreduce == "nccl"
-        self._staged.configure(config)
+        super().__init__(config)
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
         return (self._enabled and not self._declined and device.startswith("cuda")
                 and np.dtype(dtype) in _TYPES and op is not ReduceOp.ADASUM)
 
-    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
-        return np.dtype(dtype)
-
     def open_set(self, set_id: int, comm: Any) -> None:
         if hasattr(comm, "allreduce_array"):   # torchrun's world: torch-nccl serves its sets
             self._declined = True
         else:
-            self._mpi[set_id] = comm
+            self._serve(set_id, comm)
         self._staged.open_set(set_id, comm)
 
-    def close_set(self, set_id: int) -> None:
-        self._mpi.pop(set_id, None)
-        communicator = self._nccl.pop(set_id, None)
-        if communicator is not None:
-            communicator.destroy()
-        self._staged.close_set(set_id)
+    def _make(self, comm: Any) -> Any:
+        """Set rank 0 draws the unique id and broadcasts it over the set's communicator."""
+        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = comm.bcast(uid, root=0)
+        return nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
 
-    def _communicator(self, set_id: int) -> Optional[Any]:
-        if set_id not in self._nccl:
-            comm = self._mpi[set_id]
-            placement = comm.allgather((socket.gethostname(), cupy.cuda.Device().id))
-            if len(set(placement)) < len(placement):
-                self._nccl[set_id] = None
-            else:
-                uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
-                uid = comm.bcast(uid, root=0)
-                self._nccl[set_id] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
-        return self._nccl[set_id]
+    def _release(self, communicator: Any) -> None:
+        communicator.destroy()
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Any:
         communicator = self._communicator(set_id)
@@ -136,11 +110,6 @@ class NcclBackend:
         self._count_allreduce(set_id, sum(target.nbytes for _, target in pairs))
         return StreamWork(stream)
 
-    def _count_allreduce(self, set_id: int, nbytes: int) -> None:
-        size = self._mpi[set_id].Get_size()
-        estimate = 2 * nbytes * (size - 1) // size      # what a ring moves each way
-        self.traffic.add("allreduce", estimate, estimate)
-
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:
         communicator = self._communicator(set_id)
         if communicator is None:
@@ -148,9 +117,7 @@ class NcclBackend:
         stream = current_stream()
         communicator.broadcast(buf.data.ptr, buf.data.ptr, buf.size, _TYPES[buf.dtype], root,
                                stream.ptr)
-        if self._mpi[set_id].Get_size() > 1:
-            is_root = self._mpi[set_id].Get_rank() == root
-            self.traffic.add("broadcast", buf.nbytes if is_root else 0, 0 if is_root else buf.nbytes)
+        self._count_broadcast(set_id, buf.nbytes, root)
         return StreamWork(stream)
 
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
@@ -159,7 +126,7 @@ class NcclBackend:
         communicator = self._communicator(set_id)
         if communicator is None:
             return self._staged.allgather(set_id, send, recv, counts)
-        stream, me = current_stream(), self._mpi[set_id].Get_rank()
+        stream, me = current_stream(), self._sets[set_id].Get_rank()
         kind = _TYPES[recv.dtype]
         nccl.groupStart()
         for root, (start, count) in enumerate(zip(offsets(counts), counts)):
@@ -187,7 +154,7 @@ class NcclBackend:
             if r_n:
                 communicator.recv(recv.data.ptr + r_off, r_n, kind, peer, stream.ptr)
         nccl.groupEnd()
-        me = self._mpi[set_id].Get_rank()
+        me = self._sets[set_id].Get_rank()
         self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
                          sum(recv_counts) - recv_counts[me])
         return StreamWork(stream)
@@ -198,7 +165,7 @@ class NcclBackend:
         communicator = self._communicator(set_id)
         if communicator is None:
             return self._staged.reducescatter(set_id, buf, counts, out, op)
-        stream, me = current_stream(), self._mpi[set_id].Get_rank()
+        stream, me = current_stream(), self._sets[set_id].Get_rank()
         kind, itemsize = _TYPES[buf.dtype], buf.dtype.itemsize
         nccl.groupStart()
         for root, (start, count) in enumerate(zip(offsets(counts), counts)):

@@ -10,8 +10,8 @@ entry in torch's own group table is made, whose names depend on every group a
 process made before (ranks of other sets would disagree).
 
 Ranks that share a GPU (NCCL refuses them) are served by the staged backend,
-which on this transport moves the host copy over Gloo; every member decides alike
-from one allgather of (host, GPU).
+which on this transport moves the host copy over Gloo (hvdlite/backends/gpu_sets.py:
+the per-set communicators and that decision, shared with CuPy's NCCL backend).
 
 Streams: the engine's buffers are CuPy arrays on its own stream; they reach torch
 as tensors over the same memory (DLPack), and each collective is issued, as a
@@ -32,7 +32,6 @@ and Gloo, so this code runs at 2 and 4 ranks in CI.
 """
 from __future__ import annotations
 
-import socket
 from typing import Any, ContextManager, Optional, Sequence
 
 import ml_dtypes
@@ -40,7 +39,7 @@ import numpy as np
 
 from hvdlite.backends.base import Buffer
 from hvdlite.backends.cuda import StreamWork, current_stream
-from hvdlite.backends.staged import StagedBackend
+from hvdlite.backends.gpu_sets import PerSetNccl
 from hvdlite.reduce_op import ReduceOp
 
 _DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16")
@@ -87,52 +86,25 @@ _EXTERNAL: dict[int, Any] = {}    # engine stream pointer -> torch's ExternalStr
 DEVICE: Any = CudaDevice
 
 
-class TorchNcclBackend:
+class TorchNcclBackend(PerSetNccl):
     name = "torch-nccl"
-
-    def __init__(self, config: Any) -> None:
-        self._transports: dict[int, Any] = {}
-        self._groups: dict[int, Optional[Any]] = {}    # None: the set shares a GPU -> staged
-        self._staged = StagedBackend(config)
-        self.traffic = self._staged.traffic            # estimates, as NcclBackend's
-        self.configure(config)
-
-    def configure(self, config: Any) -> None:
-        self._enabled = config.gpu_allreduce == "nccl"
-        self._staged.configure(config)
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return (self._enabled and bool(self._transports) and device.startswith("cuda")
+        return (self._enabled and bool(self._sets) and device.startswith("cuda")
                 and np.dtype(dtype) in _SERVED and op in _ELEMENTWISE)
-
-    def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
-        return np.dtype(dtype)
 
     def open_set(self, set_id: int, comm: Any) -> None:
         if hasattr(comm, "device_group"):      # the torch transport; MPI sets are nccl's
-            self._transports[set_id] = comm
+            self._serve(set_id, comm)
         self._staged.open_set(set_id, comm)
 
-    def close_set(self, set_id: int) -> None:
-        self._transports.pop(set_id, None)
-        group = self._groups.pop(set_id, None)
-        if group is not None and hasattr(group, "shutdown"):
-            group.shutdown()
-        self._staged.close_set(set_id)
+    def _make(self, comm: Any) -> Any:
+        return comm.device_group(DEVICE.group_backend)
 
-    def _group(self, set_id: int) -> Optional[Any]:
-        if set_id not in self._groups:
-            import cupy      # the stand-in's where it took the name
-            transport = self._transports[set_id]
-            placement = transport.allgather((socket.gethostname(), cupy.cuda.Device().id))
-            shared = len(set(placement)) < len(placement)
-            self._groups[set_id] = None if shared else transport.device_group(
-                DEVICE.group_backend)
-        return self._groups[set_id]
-
-    def _size(self, set_id: int) -> int:
-        return self._transports[set_id].size
+    def _release(self, communicator: Any) -> None:
+        if hasattr(communicator, "shutdown"):
+            communicator.shutdown()
 
     @staticmethod
     def _run(issue: Any) -> None:
@@ -142,7 +114,7 @@ class TorchNcclBackend:
             _wait(issue())
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Any:
-        group = self._group(set_id)
+        group = self._communicator(set_id)
         if group is None:
             return self._staged.allreduce(set_id, buf, op)
         if buf.size:
@@ -150,13 +122,8 @@ class TorchNcclBackend:
         self._count_allreduce(set_id, buf.nbytes)
         return StreamWork(current_stream())
 
-    def _count_allreduce(self, set_id: int, nbytes: int) -> None:
-        size = self._size(set_id)
-        estimate = 2 * nbytes * (size - 1) // size      # what a ring moves each way
-        self.traffic.add("allreduce", estimate, estimate)
-
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Any:
-        group = self._group(set_id)
+        group = self._communicator(set_id)
         if group is None:
             return self._staged.broadcast(set_id, buf, root)
         torch = _torch()
@@ -166,16 +133,14 @@ class TorchNcclBackend:
             options.asyncOp = False
         if buf.size:
             self._run(lambda: group.broadcast([DEVICE.tensor(buf)], options))
-        if self._size(set_id) > 1:
-            mine = self._transports[set_id].rank == root
-            self.traffic.add("broadcast", buf.nbytes if mine else 0, 0 if mine else buf.nbytes)
+        self._count_broadcast(set_id, buf.nbytes, root)
         return StreamWork(current_stream())
 
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
                   counts: Sequence[int]) -> Any:
         """Counts may differ per rank: then every part travels padded to the longest,
         and each is copied to its place after."""
-        group = self._group(set_id)
+        group = self._communicator(set_id)
         if group is None:
             return self._staged.allgather(set_id, send, recv, counts)
         longest, size = max(counts, default=0), len(counts)
@@ -189,14 +154,14 @@ class TorchNcclBackend:
 
     def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
                  recv: Buffer, recv_counts: Sequence[int]) -> Any:
-        group = self._group(set_id)
+        group = self._communicator(set_id)
         if group is None:
             return self._staged.alltoall(set_id, send, send_counts, recv, recv_counts)
         if send.size or recv.size:
             self._run(lambda: group.alltoall_base(
                 DEVICE.tensor(recv), DEVICE.tensor(send), [int(c) for c in recv_counts],
                 [int(c) for c in send_counts], _options("AllToAll")))
-        me = self._transports[set_id].rank
+        me = self._sets[set_id].rank
         self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
                          sum(recv_counts) - recv_counts[me])
         return StreamWork(current_stream())
@@ -205,10 +170,10 @@ class TorchNcclBackend:
                       out: Buffer, op: ReduceOp) -> Any:
         """NCCL's reduce-scatter where every part is as long; else an allreduce of which
         this rank keeps its part."""
-        group = self._group(set_id)
+        group = self._communicator(set_id)
         if group is None:
             return self._staged.reducescatter(set_id, buf, counts, out, op)
-        me = self._transports[set_id].rank
+        me = self._sets[set_id].rank
         if len(set(counts)) == 1 and buf.size:
             self._run(lambda: group._reduce_scatter_base(
                 DEVICE.tensor(out), DEVICE.tensor(buf), _options("ReduceScatter", op)))

@@ -56,6 +56,17 @@ def backend(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     reconfigure(allreduce=previous)
 
 
+@pytest.fixture(params=["nccl", "mpi"])
+def gpu_path(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Run a GPU test once per GPU path, switched by a negotiated reconfiguration:
+    NCCL ("nccl": CuPy's on MPI, torch's under torchrun) and staged through the host
+    ("mpi")."""
+    previous = runtime.config().gpu_allreduce
+    reconfigure(gpu_allreduce=request.param)
+    yield request.param
+    reconfigure(gpu_allreduce=previous)
+
+
 @pytest.fixture
 def rank_size() -> tuple[int, int]:
     return hvd.rank(), hvd.size()

@@ -19,7 +19,6 @@ pytest.importorskip("cupy", reason="CUDA tensors need CuPy (pip install hvdlite[
 
 import hvdlite as runtime_hvd  # noqa: E402
 import hvdlite.torch as hvd  # noqa: E402
-from hvdlite.api import runtime  # noqa: E402
 from hvdlite.api.control import reconfigure  # noqa: E402
 
 TOLERANCE = 1e-10      # float64 models: only summation order differs
@@ -28,14 +27,6 @@ TOLERANCE = 1e-10      # float64 models: only summation order differs
 @pytest.fixture(scope="module", autouse=True)
 def _pin_gpu() -> None:
     torch.cuda.set_device(hvd.local_device())
-
-
-@pytest.fixture(params=["nccl", "mpi"])
-def gpu_path(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    previous = runtime.config().gpu_allreduce
-    reconfigure(gpu_allreduce=request.param)
-    yield request.param
-    reconfigure(gpu_allreduce=previous)
 
 
 def _cuda(values: object, dtype: "torch.dtype" = torch.float32) -> "torch.Tensor":

@@ -9,7 +9,7 @@ same code at 2 and 4 ranks runs on the CPU stand-in in every CI run
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,14 +37,6 @@ def _pin_gpu() -> None:
     torch.cuda.set_device(hvd.local_device())
 
 
-@pytest.fixture(params=["nccl", "mpi"])
-def gpu_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = runtime.config().gpu_allreduce
-    reconfigure(gpu_allreduce=request.param)
-    yield request.param
-    reconfigure(gpu_allreduce=previous)
-
-
 def _shares_a_gpu() -> bool:
     return hvd.local_size() > torch.cuda.device_count()
 
@@ -60,7 +52,7 @@ def test_cuda_tensors_take_torchs_nccl_unless_ranks_share_a_gpu() -> None:
     total = hvd.allreduce(torch.full((33,), rank + 1.0, device="cuda"), op=hvd.Sum,
                           name="torchrun.which")
     assert torch.equal(total.cpu(), torch.full((33,), size * (size + 1) / 2))
-    group = _torch_nccl()._groups[0]
+    group = _torch_nccl()._comms[0]
     if _shares_a_gpu():
         assert group is None
     else:

@@ -14,4 +14,4 @@ if os.environ.get("STANDIN_PLANT"):
 
 # The multi-rank session: one hvdlite.init(), outcomes agreed between ranks.
 from tests.mpi.conftest import (  # noqa: E402,F401
-    pytest_configure, pytest_runtest_makereport, pytest_unconfigure)
+    gpu_path, pytest_configure, pytest_runtest_makereport, pytest_unconfigure)

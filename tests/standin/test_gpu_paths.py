@@ -19,7 +19,6 @@ import pytest
 import hvdlite as hvd
 from hvdlite.api import runtime
 from hvdlite.api.binding import make_ops
-from hvdlite.api.control import reconfigure
 from tests import differential
 from tests.differential import Path
 from tests.standin import gpu_standin
@@ -37,14 +36,6 @@ def evens() -> Iterator[Any]:
     gpu_standin.use_device(hvd.local_rank())
     with differential.even_ranks_and_small_thresholds() as subset:
         yield subset
-
-
-@pytest.fixture(params=["nccl", "mpi"])
-def gpu_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    previous = runtime.config().gpu_allreduce
-    reconfigure(gpu_allreduce=request.param)
-    yield request.param
-    reconfigure(gpu_allreduce=previous)
 
 
 def device_path(name: str) -> Path:

@@ -30,11 +30,11 @@ REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min,
           ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}    # Average: a sum, divided later
 DTYPES = [F32, F16, BF16, np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64),
           np.dtype(np.uint8), np.dtype(np.int8)]
-MODULES = ("cuda", "staged", "nccl", "torch_nccl", "gpu")
+MODULES = ("cuda", "staged", "gpu_sets", "nccl", "torch_nccl", "gpu")
 
 
 def loader(monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimpleNamespace]:
-    """``load(nccl_version)`` imports the five modules afresh under a fresh fake CuPy
+    """``load(nccl_version)`` imports the six modules afresh under a fresh fake CuPy
     (None: a CuPy without NCCL); sys.modules and hvdlite.backends get their own
     entries back after the test, so nothing of the fake outlives it."""
     monkeypatch.setattr(ring_backend, "MPI", FAKE_MPI)      # the ring's Waitall

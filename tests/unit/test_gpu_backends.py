@@ -407,7 +407,7 @@ def test_one_gpu_per_rank_uses_nccl_made_once_per_set(gpu: SimpleNamespace, size
     """Two nodes, GPUs numbered from 0 on each (so the same ordinals recur): one NCCL
     communicator per rank, after one allgather of the placement and one broadcast of
     the id; no MPI after that; destroyed when the set closes."""
-    monkeypatch.setattr(gpu.nccl, "socket", SimpleNamespace(gethostname=fake_cupy.hostname))
+    monkeypatch.setattr(gpu.gpu_sets, "socket", SimpleNamespace(gethostname=fake_cupy.hostname))
 
     def work(comm: ThreadComm) -> dict[str, Any]:
         fake_cupy.set_host(f"node{comm.rank % 2}")
@@ -450,7 +450,7 @@ def test_a_set_of_more_than_256_ranks(gpu: SimpleNamespace,
     (CPython shares one int object per value only up to 256). The last rank is
     the root of a broadcast and has a part of an allgather and a reducescatter."""
     size, last = 258, 257
-    monkeypatch.setattr(gpu.nccl, "socket", SimpleNamespace(gethostname=fake_cupy.hostname))
+    monkeypatch.setattr(gpu.gpu_sets, "socket", SimpleNamespace(gethostname=fake_cupy.hostname))
     has_part = [int(r in (0, last)) for r in range(size)]
 
     def work(comm: ThreadComm) -> Any:
