@@ -75,9 +75,7 @@ class Config:
         "any rank has work; once every rank is idle the wait doubles each round, up "
         "to 64 cycles and 0.1 s. Work submitted locally wakes the engine at once, so "
         "this bounds only how long a rank with work waits for an idle peer (one on a "
-        "process set the peer is not in), and the idle CPU cost. Under torchrun, where "
-        "more ranks than CPUs compute on a node, the default is 3 (each round is a Gloo "
-        "collective).",
+        "process set the peer is not in), and the idle CPU cost.",
         aliases=("HOROVOD_CYCLE_TIME",))
     fusion_threshold: int = _knob(
         64 << 20, parse_bytes,

@@ -71,33 +71,13 @@ class Placement:
         return max(sharing, key=lambda n: n.ranks / max(n.cpus, 1e-9)) if sharing else None
 
 
-# HVDLITE_CYCLE_TIME on the torch transport where ranks share the CPUs they compute on.
-GLOO_CYCLE_MS = 3.0
-
-
-def choose(placement: Placement, explicit: Iterable[str],
-           transport: str = "mpi") -> tuple[dict[str, Any], list[str]]:
+def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
     """The settings to change from their fixed defaults, and one sentence per change
-    saying why. Pure: the same placement and transport (its ``name``) give the same
-    answer on every rank."""
+    saying why. Pure: the same placement gives the same answer on every rank."""
     fixed = set(explicit)
     changes: dict[str, Any] = {}
     reasons: list[str] = []
     crowded = placement.crowded
-    if transport == "gloo" and crowded is not None and "cycle_time" not in fixed:
-        # Each negotiation round there is a Gloo collective over TCP, served by Gloo's
-        # own threads on every rank, where MPI's is a read of shared memory. Where ranks
-        # share the CPUs they train on, rounds of idle ticks (one per cycle while a peer
-        # has work) cost more CPU than the latency they save; local work still starts a
-        # round at once. Measured at np=4 on 2 cores (three rounds): the transformer +24%
-        # (per round +9% to +31%), the MLP +0%, less engine and Gloo CPU per step. With a
-        # core per rank (np=2) the gain was within the noise (+2%, +3%) while Horovod's
-        # own test file, many small collectives, ran 1.7x longer: 1 ms stays there.
-        changes["cycle_time"] = GLOO_CYCLE_MS
-        reasons.append(
-            f"HVDLITE_CYCLE_TIME={GLOO_CYCLE_MS:g} ms: on the torch transport each "
-            f"negotiation round is a Gloo collective, and {crowded.ranks} ranks compute on "
-            f"{crowded.cpus:g} CPUs of one node, so fewer idle rounds leave them more CPU")
     if crowded is not None and "ring_threshold" not in fixed:
         # The ring moves 2(P-1)/P of the buffer through hvdlite's own sends, receives
         # and NumPy sums on the engine thread; MPICH's Allreduce does the same work in
@@ -133,7 +113,7 @@ def agree(transport: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, li
     finally:
         local.free()
     nodes = tuple(n for n in transport.allgather(node if leader else None) if n is not None)
-    changes, reasons = choose(Placement(nodes), explicit, getattr(transport, "name", "mpi"))
+    changes, reasons = choose(Placement(nodes), explicit)
     if reasons and transport.rank == 0:
         for reason in reasons:
             _log.info("default %s", reason)

@@ -111,31 +111,3 @@ def test_a_node_reports_the_union_of_its_ranks_cpus_and_their_tightest_quota() -
     assert defaults.local_node(_LocalComm(reports)) == Node(ranks=4, cpu_ranks=3, cpus=1.5)
     bound = [(frozenset({i}), None, True) for i in range(4)]    # one core each, bound
     assert defaults.local_node(_LocalComm(bound)) == Node(4, 4, 4.0)
-
-
-def test_on_the_torch_transport_ranks_sharing_cpus_tick_every_three_milliseconds() -> None:
-    """Each negotiation round over Gloo costs CPU that ranks sharing their CPUs need:
-    idle ticks come less often there; MPI's rounds keep the fixed cycle."""
-    placement = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
-    changes, reasons = defaults.choose(placement, explicit=(), transport="gloo")
-    assert changes == {"cycle_time": 3.0, "ring_threshold": NO_RING}
-    assert defaults.GLOO_CYCLE_MS == 3.0
-    assert reasons[0] == ("HVDLITE_CYCLE_TIME=3 ms: on the torch transport each negotiation "
-                          "round is a Gloo collective, and 4 ranks compute on 2 CPUs of one "
-                          "node, so fewer idle rounds leave them more CPU")
-    assert defaults.choose(placement, explicit=(), transport="mpi")[0] == {
-        "ring_threshold": NO_RING}
-
-
-@pytest.mark.parametrize("node", [
-    Node(ranks=2, cpu_ranks=2, cpus=2.0),      # a core per rank: latency is worth more
-    Node(ranks=4, cpu_ranks=0, cpus=2.0),      # GPUs: their CPU mostly waits
-])
-def test_on_the_torch_transport_a_core_per_rank_or_gpus_keep_the_cycle(node: Node) -> None:
-    assert defaults.choose(Placement((node,)), explicit=(), transport="gloo") == ({}, [])
-
-
-def test_on_the_torch_transport_a_given_cycle_is_kept() -> None:
-    crowded = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
-    changes, _ = defaults.choose(crowded, explicit={"cycle_time"}, transport="gloo")
-    assert changes == {"ring_threshold": NO_RING}       # the other rule still applies
