@@ -18,7 +18,7 @@ import pytest
 
 from hvdlite.core import engine as engine_module
 from hvdlite.core import stall
-from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE
+from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE, UNCHANGED
 from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import HvdliteError, MismatchError
 from tests.unit import engine_rig
@@ -54,10 +54,13 @@ def test_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
 
 class PeerAtWork:
     """Stands in for a set's round where another member rank has work: the AND of
-    the round clears this rank's RANK_IDLE bit, as a busy peer's word would."""
+    the round clears this rank's RANK_IDLE bit, as a busy peer's word would, and its
+    UNCHANGED bit too while the peer's requests change from round to round
+    (``changing``: it submits more, or some were agreed)."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, changing: bool = True) -> None:
         self.real = real
+        self.cleared_bits = RANK_IDLE | (UNCHANGED if changing else 0)
         self.idle_flags_sent: list[bool] = []
 
     def cleared(self) -> Any:
@@ -65,7 +68,7 @@ class PeerAtWork:
 
     def start(self) -> Any:
         self.idle_flags_sent.append(bool(self.real.vector[0] & RANK_IDLE))
-        self.real.vector[0] &= ~RANK_IDLE
+        self.real.vector[0] &= ~self.cleared_bits
         return self.real.start()
 
     def free(self) -> None:
@@ -87,6 +90,33 @@ def test_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
     for _ in range(3):
         assert engine._iteration()
     assert bell.waits[4:] == pytest.approx([0.003, 0.006, 0.012], rel=1e-9)
+
+
+def test_an_idle_engine_slows_down_while_a_peers_work_waits_unchanged_for_others() -> None:
+    """A round where no rank's requests changed agreed nothing, and the next agrees
+    nothing either until some rank submits, which wakes that rank at once: the idle
+    engine backs off as if every rank were idle (the first round, with nothing to
+    compare, counts as a change)."""
+    engine = set_up(cycle_time=3.0)
+    engine._doorbell = bell = Bell()
+    state = engine.registry.member(0)
+    state.round = PeerAtWork(state.round, changing=False)
+    for _ in range(5):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.003, 0.003, 0.006, 0.012, 0.024], rel=1e-9)
+
+
+def test_with_process_sets_an_unchanged_peer_still_keeps_an_idle_engine_ticking() -> None:
+    """A member with work on a smaller set waits for every rank's next global round,
+    so while more than one set is registered only a round of idle ranks slows down."""
+    engine = set_up(cycle_time=3.0)
+    engine._doorbell = bell = Bell()
+    second_set(engine)
+    state = engine.registry.member(0)
+    state.round = PeerAtWork(state.round, changing=False)
+    for _ in range(4):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.003] * 4, rel=1e-9)
 
 
 def test_a_peer_at_work_on_any_one_set_keeps_an_idle_engine_ticking() -> None:
