@@ -79,7 +79,9 @@ def test_numpy_demo_trains_identically_on_all_ranks() -> None:
     assert error < 0.05
 
 
-@pytest.mark.parametrize("np", [2, 4])
+# Two ranks, as make demo runs it (four train the same way: tests/mpi's training
+# comparisons run at -n 4; SLURM's template test runs the example too).
+@pytest.mark.parametrize("np", [2])
 def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")

@@ -57,7 +57,8 @@ def _check_files(report: dict, directory: Path, np: int, output: str) -> None:
     assert height > 300 and width > 600
 
 
-@pytest.mark.parametrize("np", [2, 4])
+# One size each (CI's time): the straggler among four ranks, the balanced run on two.
+@pytest.mark.parametrize("np", [4])
 def test_report_names_the_slow_rank(np: int, tmp_path: Path) -> None:
     slow = np - 1
     report, output = _run(np, tmp_path, slow)
@@ -66,7 +67,7 @@ def test_report_names_the_slow_rank(np: int, tmp_path: Path) -> None:
     assert f"rank {slow} is" in report["verdict"]
 
 
-@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("np", [2])
 def test_balanced_run_names_nobody(np: int, tmp_path: Path) -> None:
     report, output = _run(np, tmp_path, slow=-1)
     _check_files(report, tmp_path, np, output)
