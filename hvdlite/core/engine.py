@@ -220,7 +220,7 @@ class Engine(Stoppable):
         a smaller set would also wait for the idle ranks' next global round."""
         word = vectors[0][0]
         return (word & UNCHANGED and word & NO_FULL_ROUND
-                and len(self.registry.registered()) == 1)
+                and self.registry.only_world())
 
     def _has_work(self) -> bool:
         if self._queue or self._shutdown_requested or self.executor.busy:

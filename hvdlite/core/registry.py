@@ -88,6 +88,10 @@ class ProcessSetRegistry:
         """Every registered set's ranks, by id."""
         return dict(self._ranks)
 
+    def only_world(self) -> bool:
+        """Whether the global set is the only one registered (read every engine round)."""
+        return len(self._ranks) == 1
+
     def member(self, set_id: int) -> Optional[SetState]:
         return self._members.get(set_id)
 
@@ -155,9 +159,8 @@ def round_vector(state: SetState, need_full: bool,
     pending requests, the flag saying whether a full round can be skipped, and
     whether this rank is idle (``idle``), and whether its requests are those of its
     previous round on the set while no backend work runs (``running``: some does). A
-    request the cache does not know, or one
-    pending longer than ``report_after`` seconds (it must be reported as a stall
-    once), needs a full round.
+    request the cache does not know, or one pending longer than ``report_after``
+    seconds (it must be reported as a stall once), needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
     idle spell a NumPy allocation alone cost ~14 us of cold code here. It is the
     set's ``Round`` vector, cleared; ``state.round.start()`` then reduces it."""
