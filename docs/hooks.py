@@ -42,6 +42,7 @@ def describe_type(parse: Callable[[str], Any]) -> str:
     from hvdlite import config
     known = {
         config.parse_bytes: "bytes",
+        config.parse_bucket_bytes: "bytes, or `all`",
         config.parse_bool: "boolean",
         config.parse_nonneg_float: "number ≥ 0",
         config.parse_nonneg_int: "integer ≥ 0",

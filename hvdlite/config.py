@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 from hvdlite import horovod_env
 from hvdlite.config_values import (  # noqa: F401  (also importable from here)
     parse_bytes,
+    parse_bucket_bytes,
     parse_bool,
     parse_nonneg_float,
     parse_nonneg_int,
@@ -119,13 +120,16 @@ class Config:
         "backends, then the built-in ones). init() raises UnknownBackendError on every rank "
         "for a name not registered with hvdlite.backends.register_backend.")
     bucket_bytes: int = _knob(
-        25 << 20, parse_bytes,
+        25 << 20, parse_bucket_bytes,
         "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
         "CPU and GPU), as DDP's bucket_cap_mb: parameters are laid out in reverse "
         "registration order in flat buckets of about this many bytes, the first one 1 MiB "
         "so communication starts early, and each bucket is reduced in place by one "
-        "request (torch's .grad are views of the buckets: no packing copies). 0 gives "
-        "every gradient a bucket of its own (one request per gradient, for comparison).",
+        "request (torch's .grad are views of the buckets: no packing copies). 'all': one "
+        "bucket of each kind, reduced once backward is done (no overlap, the fewest "
+        "rounds); the default where a node's ranks outnumber its CPUs and compute on them "
+        "(hvdlite.core.defaults). 0 gives every gradient a bucket of its own (one request "
+        "per gradient, for comparison).",
         deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = _knob(
         True, parse_bool,

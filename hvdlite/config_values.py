@@ -27,6 +27,19 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+# HVDLITE_BUCKET_BYTES=all: one bucket of each kind (dtype and device), its first one
+# not made small either, so a step's gradients are reduced together once backward is done.
+# (2^62 bytes: a cap no model reaches, and an int, as every other byte setting.)
+ONE_BUCKET = 1 << 62
+
+
+def parse_bucket_bytes(text: str) -> int:
+    """``"all"`` -> ONE_BUCKET; otherwise bytes, as ``parse_bytes``."""
+    if text.strip().lower() == "all":
+        return ONE_BUCKET
+    return parse_bytes(text)
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):

@@ -27,6 +27,7 @@ the table says what it chose in each launch and how many steps the search took.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -40,19 +41,26 @@ from hvdlite.bench.timing import seconds_per_call
 from hvdlite.bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
-           "no_comm")
+           "fused_handoff", "fused_negotiated", "no_comm")
+# The floors (bench/training_floor.py) run when asked for by name.
+DEFAULT_METHODS = tuple(m for m in METHODS if not m.startswith("fused_"))
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
 # instead of MPI. hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
 # timed after its search. no_comm: the same loop with no gradient exchange at all (each
-# rank trains alone): the ceiling that no method can pass here.
+# rank trains alone): the ceiling that no method can pass here. fused_handoff and
+# fused_negotiated: the hand-fused loop with its Allreduce handed to a helper thread, and
+# also agreed first in one negotiation round: the floor of any engine that turns a mismatch
+# into an error instead of a hang.
 # Ratios printed where both methods ran: (label, numerator, denominator).
 RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
           ("autotune/defaults", "autotune", "hvdlite"), ("defaults/DDP", "hvdlite", "ddp_gloo"),
           ("defaults/no-comm", "hvdlite", "no_comm"), ("autotune/no-comm", "autotune", "no_comm"),
           ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"),
+          ("negotiated/fused", "fused_negotiated", "hand_fused"),
+          ("defaults/negotiated", "hvdlite", "fused_negotiated"),
           ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
           ("gloo-transport/DDP", "hvdlite_gloo", "ddp_gloo"))
-WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "no_comm")
+WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "no_comm")
 WARMUP = 5
 
 
@@ -124,20 +132,37 @@ def _loop(name: str, model: Any, optimizer: Any, data: Any,
     return step
 
 
-def _run_hand_fused(name: str, measured: Measured, seconds: float) -> float:
+def _run_hand_fused(name: str, measured: Measured, seconds: float,
+                    floor: str = "") -> float:
+    """The hand-fused loop; ``floor`` "handoff" or "negotiated": its Allreduce run by a
+    helper thread, after an agreement round for "negotiated" (bench/training_floor.py)."""
     import numpy as np
     import torch
     from mpi4py import MPI
+    from hvdlite.bench import training_floor
     comm = measured.comm
     model, data = build(name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     params = list(model.parameters())
     flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
+    private = comm.Dup() if floor else comm
+    agree = training_floor.Agreement(private) if floor == "negotiated" else None
+
+    def reduce() -> None:
+        if agree is not None:
+            agree.run()
+        private.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+    helper = training_floor.Helper(reduce) if floor else None
 
     def fused_allreduce() -> None:      # after backward: one fused Allreduce, then average
         torch.cat([p.grad.reshape(-1) for p in params], out=torch.from_numpy(flat))
         started = time.thread_time()
-        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        if helper is not None:
+            before = helper.cpu
+            helper.run()
+            measured.allreduce_cpu += helper.cpu - before   # the helper's, not this thread's
+        else:
+            reduce()
         measured.allreduce_cpu += time.thread_time() - started
         started = time.thread_time()
         np.divide(flat, comm.Get_size(), out=flat)
@@ -146,7 +171,15 @@ def _run_hand_fused(name: str, measured: Measured, seconds: float) -> float:
         for p in params:
             p.grad.copy_(torch.from_numpy(flat[offset:offset + p.numel()]).view_as(p))
             offset += p.numel()
-    return measured.timed(_loop(name, model, optimizer, data, fused_allreduce), seconds)
+    try:
+        return measured.timed(_loop(name, model, optimizer, data, fused_allreduce), seconds)
+    finally:
+        if helper is not None:
+            helper.close()
+        if agree is not None:
+            agree.free()
+        if floor:
+            private.Free()
 
 
 def _run_no_comm(name: str, measured: Measured, seconds: float) -> float:
@@ -203,6 +236,8 @@ def worker(argv: Sequence[str]) -> None:
         raise SystemExit(f"{args.method} runs under mpiexec; under torchrun only hvdlite")
     comm = bench_comm()
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
+               "fused_handoff": functools.partial(_run_hand_fused, floor="handoff"),
+               "fused_negotiated": functools.partial(_run_hand_fused, floor="negotiated"),
                "no_comm": _run_no_comm}
     measured = Measured(comm, args.warmup_seconds)
     rate = runners[args.method](args.model, measured, args.seconds)
@@ -219,7 +254,7 @@ PINNED_MALLOC = (("MALLOC_MMAP_THRESHOLD_", "134217728"), ("MALLOC_TRIM_THRESHOL
 
 
 def _methods(model: str, seconds: float, report_dir: Optional[str],
-             chosen: Sequence[str] = METHODS, warmup_s: float = 0.0,
+             chosen: Sequence[str] = DEFAULT_METHODS, warmup_s: float = 0.0,
              pin_malloc: bool = False) -> list[launches.Method]:
     def method(label: str, name: str, env: tuple = (),
                launcher: str = "mpiexec") -> launches.Method:
@@ -234,6 +269,8 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
                                         (("HVDLITE_BUCKET_BYTES", "0"),)),
              "ddp_gloo": method("ddp_gloo", "ddp_gloo"),
              "hand_fused": method("hand_fused", "hand_fused"),
+             "fused_handoff": method("fused_handoff", "fused_handoff"),
+             "fused_negotiated": method("fused_negotiated", "fused_negotiated"),
              "no_comm": method("no_comm", "no_comm")}
     methods = [every[name] for name in METHODS if name in chosen]
     if report_dir is not None:
@@ -246,8 +283,9 @@ def main(argv: Sequence[str]) -> None:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
-                        help="which methods to launch (default: all)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
+                        help="which methods to launch (default: all but the floors, "
+                             "fused_handoff and fused_negotiated)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved launches per method")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed loop per launch")
     parser.add_argument("--warmup-seconds", type=float, default=0.0,
@@ -321,6 +359,6 @@ def _print_table(rows: list, rounds: int, warmup_s: float = 0.0,
                              for k in ("training", "engine", "helpers"))
             allreduce = (f"  Allreduce {1000 * extra.get('cpu_allreduce', 0.0):6.1f}"
                          f" + average {1000 * extra.get('cpu_average', 0.0):5.1f}"
-                         if m == "hand_fused" else "")
+                         if m in WORKERS and m.startswith(("hand_", "fused_")) else "")
             print(f"{model:>11} {np_:>3} {m:>16}: {extra.get('peak_rss_mib', 0.0):7.0f} MiB  "
                   f"cpu {cpu}{allreduce}")

@@ -25,6 +25,8 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from hvdlite.config import Config
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.core.defaults import NO_RING, describe_bytes
 
 MARGIN = 0.02            # a candidate must be 2% faster than the incumbent to replace it
@@ -65,8 +67,9 @@ class Trial:
 
 def render(name: str, value: Any) -> str:
     """A setting's value as the log and the report show it."""
-    if name in ("ring_threshold", "bucket_bytes", "ring_chunk", "fusion_threshold",
-                "direct_threshold"):
+    if name == "bucket_bytes":
+        return describe_bytes(int(value), unbounded="all")
+    if name in ("ring_threshold", "ring_chunk", "fusion_threshold", "direct_threshold"):
         return describe_bytes(int(value))
     if name in ("spin_time",):
         return f"{value:g} us"
@@ -232,6 +235,14 @@ def ring_thresholds(current: int, classes: Sequence[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
+def bucket_caps(cap: int) -> tuple[int, ...]:
+    """The bucket caps to try from ``cap``: a quarter, it, four times it, and one bucket
+    (no overlap, the fewest rounds); from one bucket, the fixed default beside it."""
+    if cap >= ONE_BUCKET:
+        return (Config().bucket_bytes, ONE_BUCKET)
+    return (max(cap // 4, 1 << 20), cap, cap * 4, ONE_BUCKET)
+
+
 def plan(config: Any, fixed: set[str], observed: Observed,
          followed: set[str]) -> list[Knob]:
     """The knobs worth trying for this run, in TUNED order. ``fixed``: settings the
@@ -250,8 +261,7 @@ def plan(config: Any, fixed: set[str], observed: Observed,
         if len(paths) > 1:
             knobs.append(Knob("ring_threshold", paths))
     if "bucket_bytes" in followed and config.bucket_bytes:
-        cap = config.bucket_bytes
-        knobs.append(Knob("bucket_bytes", (max(cap // 4, 1 << 20), cap, cap * 4)))
+        knobs.append(Knob("bucket_bytes", bucket_caps(config.bucket_bytes)))
     if config.allreduce in ("auto", "ring"):
         chunk = config.ring_chunk
         knobs.append(Knob("ring_chunk", (max(chunk // 4, 4 << 10), chunk, chunk * 4),

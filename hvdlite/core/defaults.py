@@ -24,6 +24,7 @@ import dataclasses
 import logging
 from typing import Any, Iterable
 
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.core import cpus
 
 _log = logging.getLogger("hvdlite")
@@ -34,10 +35,11 @@ _log = logging.getLogger("hvdlite")
 NO_RING = 1 << 62
 
 
-def describe_bytes(nbytes: int) -> str:
-    """'2 MiB', '256 KiB', 'never' (NO_RING) for the logs and the report."""
+def describe_bytes(nbytes: int, unbounded: str = "never") -> str:
+    """'2 MiB', '256 KiB', ``unbounded`` (NO_RING: 'never'; as a bucket cap, 'all') for
+    the logs and the report."""
     if nbytes >= NO_RING:
-        return "never"
+        return unbounded
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << (shift - 4)) == 0:
             value = nbytes / (1 << shift)
@@ -87,6 +89,17 @@ def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any
             f"HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): {crowded.ranks} "
             f"ranks compute on {crowded.cpus:g} CPUs of one node, so the reduction that "
             "costs the least CPU wins")
+    if crowded is not None and "bucket_bytes" not in fixed:
+        # Overlapping a bucket's reduction with the rest of backward needs a free core,
+        # and there is none; each bucket costs a negotiation round and a collective that
+        # every rank's engine must be scheduled for, while the others compute (BENCHMARKS.md,
+        # "one bucket where ranks share cores": the transformer 1.11x at np=4 on 2 cores).
+        changes["bucket_bytes"] = ONE_BUCKET
+        reasons.append(
+            f"HVDLITE_BUCKET_BYTES=all (one gradient bucket, reduced once backward is "
+            f"done): {crowded.ranks} ranks compute on {crowded.cpus:g} CPUs of one node, so "
+            "no core is free to overlap reductions with backward, and every further bucket "
+            "costs a round that all ranks must be scheduled for")
     return changes, reasons
 
 

@@ -5,7 +5,8 @@ roughly produces their gradients (DDP's assumption: a model uses its layers in
 the order it defines them). The first bucket of each kind (dtype and device)
 closes past 1 MiB, so its reduction starts while most of backward is still to
 come; the others past the cap (HVDLITE_BUCKET_BYTES, 25 MiB as DDP's); a cap of
-0 gives every gradient a bucket of its own. A ``groups=`` group is reduced
+0 gives every gradient a bucket of its own, and ``all`` (ONE_BUCKET) one bucket of
+each kind, the first not made small either. A ``groups=`` group is reduced
 together: it has buckets of its own (one per kind), whatever their size.
 
 Every rank computes the same layout from the same specs, which the reducer
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, Optional, Sequence
 
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.reducer.settings import Groups
 
 FIRST_BUCKET_BYTES = 1 << 20     # DDP's: "experiments showed 1MB is a reasonable value"
@@ -46,10 +48,11 @@ def plan(nbytes: Sequence[int], kinds: Sequence[Hashable], cap: int,
 def cut(nbytes: Sequence[int], kinds: Sequence[Hashable], order: Sequence[int],
         cap: Optional[int], first: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
     """``order`` cut into buckets of one kind: a new one past ``cap`` bytes (None: no
-    cap; 0: one position per bucket), the first of each kind past min(first, cap)."""
+    cap; 0: one position per bucket; ONE_BUCKET: one bucket of each kind), the first of
+    each kind past min(first, cap)."""
     if cap == 0:
         return [[i] for i in order]
-    first = min(first, cap) if cap else 0
+    first = cap if cap and cap >= ONE_BUCKET else min(first, cap) if cap else 0
     open_: dict[Hashable, list[int]] = {}
     sizes: dict[Hashable, int] = {}
     closed: set[Hashable] = set()          # kinds past their first bucket

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import pytest
 
 from hvdlite.config import Config, fields_set
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.core import autotune
 from hvdlite.core.autotune import Knob, Observed, Search
 from hvdlite.core.defaults import NO_RING
@@ -130,12 +131,23 @@ def test_plan_tries_only_what_can_matter_and_nothing_the_user_set() -> None:
     assert not chunk.applies({"ring_threshold": NO_RING})       # no ring runs: no chunk
 
 
+def test_bucket_caps_include_one_bucket_and_from_one_bucket_the_fixed_default() -> None:
+    mib = 1 << 20
+    assert autotune.bucket_caps(25 * mib) == (6 * mib + mib // 4, 25 * mib, 100 * mib, ONE_BUCKET)
+    assert autotune.bucket_caps(2 * mib) == (mib, 2 * mib, 8 * mib, ONE_BUCKET)
+    assert autotune.bucket_caps(ONE_BUCKET) == (25 * mib, ONE_BUCKET)
+    assert autotune.render("bucket_bytes", ONE_BUCKET) == "all"
+    assert autotune.render("ring_threshold", NO_RING) == "never"
+
+
 def test_every_planned_value_is_a_valid_setting() -> None:
     observed = Observed({17: 1, 21: 1, 25: 1}, packed=True)
     config = _config()
-    for knob in autotune.plan(config, set(), observed, {"bucket_bytes"}):
-        for value in knob.values:
-            assert getattr(config.replace(**{knob.name: value}), knob.name) == value
+    crowded = _config(bucket_bytes=ONE_BUCKET)
+    for config in (config, crowded):
+        for knob in autotune.plan(config, set(), observed, {"bucket_bytes"}):
+            for value in knob.values:
+                assert getattr(config.replace(**{knob.name: value}), knob.name) == value
 
 
 def test_settings_and_their_horovod_names() -> None:

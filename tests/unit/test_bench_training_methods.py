@@ -30,6 +30,20 @@ def test_methods_picks_the_launches_and_autotune_turns_autotune_on(
     assert [np_ for _, _, np_ in seen] == [2] * 5 + [4] * 5
 
 
+def test_the_floors_run_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fused_handoff and fused_negotiated (the hand-fused loop through a helper thread,
+    and after a negotiation round) are for the analysis, not every run."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(training.launches, "interleaved",
+                        lambda methods, *rest, **kw: seen.append([m.label for m in methods]))
+    monkeypatch.setattr(training, "_print_table", lambda *table: None)
+    training.main(["--np", "2", "--models", "mlp"])
+    training.main(["--np", "2", "--models", "mlp", "--methods", "fused_negotiated",
+                   "hand_fused", "fused_handoff"])
+    assert not any(label.startswith("fused_") for label in seen[0])
+    assert seen[1] == ["hand_fused", "fused_handoff", "fused_negotiated"]
+
+
 def test_the_table_shows_the_ratios_of_what_ran_and_what_autotune_chose(
         capsys: pytest.CaptureFixture) -> None:
     def samples(values: list[float], **others: Any) -> launches.Samples:

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from hvdlite.core import cpus, defaults
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.core.defaults import NO_RING, Node, Placement
+
+CROWDED = {"ring_threshold": NO_RING, "bucket_bytes": ONE_BUCKET}
 
 
 def _tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[str, str]:
@@ -58,13 +61,17 @@ def test_cpus_available_is_the_affinity_capped_by_the_quota(tmp_path: Path,
     assert cpus.cpus_available(root, proc) == 4.0
 
 
-def test_ranks_sharing_the_cpus_they_compute_on_use_mpis_allreduce() -> None:
+def test_ranks_sharing_the_cpus_they_compute_on_use_mpis_allreduce_and_one_bucket() -> None:
     placement = Placement((Node(ranks=4, cpu_ranks=4, cpus=2.0),))
     changes, reasons = defaults.choose(placement, explicit=())
-    assert changes == {"ring_threshold": NO_RING}
-    assert reasons == ["HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): 4 ranks "
-                       "compute on 2 CPUs of one node, so the reduction that costs the least "
-                       "CPU wins"]
+    assert changes == CROWDED
+    assert reasons == [
+        "HVDLITE_RING_THRESHOLD=never (MPI's Allreduce at every size): 4 ranks compute on 2 "
+        "CPUs of one node, so the reduction that costs the least CPU wins",
+        "HVDLITE_BUCKET_BYTES=all (one gradient bucket, reduced once backward is done): 4 "
+        "ranks compute on 2 CPUs of one node, so no core is free to overlap reductions with "
+        "backward, and every further bucket costs a round that all ranks must be scheduled "
+        "for"]
 
 
 @pytest.mark.parametrize("node", [
@@ -81,16 +88,20 @@ def test_one_crowded_node_decides_for_every_rank() -> None:
     never meet. The slowest node sets the pace, so its need wins."""
     placement = Placement((Node(2, 2, 8.0), Node(8, 8, 4.0), Node(3, 3, 2.0)))
     assert placement.crowded == Node(8, 8, 4.0)         # the most ranks per CPU
-    assert defaults.choose(placement, ())[0] == {"ring_threshold": NO_RING}
+    assert defaults.choose(placement, ())[0] == CROWDED
 
 
-def test_a_setting_the_user_gave_is_kept() -> None:
+@pytest.mark.parametrize("given", sorted(CROWDED))
+def test_a_setting_the_user_gave_is_kept(given: str) -> None:
     placement = Placement((Node(4, 4, 2.0),))
-    assert defaults.choose(placement, explicit={"ring_threshold"}) == ({}, [])
+    changes, reasons = defaults.choose(placement, explicit={given})
+    assert given not in changes and len(changes) == len(reasons) == 1
+    assert defaults.choose(placement, explicit=set(CROWDED)) == ({}, [])
 
 
 def test_describe_bytes() -> None:
     assert defaults.describe_bytes(NO_RING) == "never"
+    assert defaults.describe_bytes(ONE_BUCKET, unbounded="all") == "all"
     assert defaults.describe_bytes(2 << 20) == "2 MiB"
     assert defaults.describe_bytes(256 << 10) == "256 KiB"
     assert defaults.describe_bytes(25 << 20) == "25 MiB"

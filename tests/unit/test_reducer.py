@@ -21,6 +21,7 @@ from hvdlite.config import Config
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer import buckets as reducer_module
 from hvdlite.reducer.buckets import Reducer
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.reducer.layout import cut, group_positions, plan
 from hvdlite.reducer.settings import Settings
 from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor
@@ -59,6 +60,16 @@ def test_buckets_cut_at_the_cap_the_first_one_small_and_by_kind() -> None:
     assert cut(sizes, kinds, range(7), None) == [list(range(7))]
     assert cut(sizes, kinds, [2, 0], 0) == [[2], [0]]
     assert cut([300, 300, 300], ["x"] * 3, range(3), 500) == [[0], [1], [2]]
+
+
+def test_all_in_one_bucket_is_one_bucket_of_each_kind_and_the_first_not_small() -> None:
+    """HVDLITE_BUCKET_BYTES=all, the default where ranks share the cores they compute on."""
+    sizes = [MIB // 2, MIB // 2, MIB // 2, 10 * MIB, 10 * MIB, 10 * MIB, MIB]
+    assert cut(sizes, ["f32"] * 7, range(7), ONE_BUCKET) == [list(range(7))]
+    assert cut([MIB] * 6, ["f32", "f64"] * 3, range(6), ONE_BUCKET) == [[0, 2, 4], [1, 3, 5]]
+    assert plan([MIB] * 6, ["f32"] * 6, ONE_BUCKET, [[1, 4]]) == [[1, 4], [5, 3, 2, 0]]
+    assert Config.load({"HVDLITE_BUCKET_BYTES": "all"}).bucket_bytes == ONE_BUCKET
+    assert Config.load({"HVDLITE_BUCKET_BYTES": " ALL "}).bucket_bytes == ONE_BUCKET
 
 
 def test_the_plan_is_each_group_then_the_rest_in_reverse_registration_order() -> None:
