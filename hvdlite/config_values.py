@@ -27,10 +27,12 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-# HVDLITE_BUCKET_BYTES=all: one bucket of each kind (dtype and device), its first one
-# not made small either, so a step's gradients are reduced together once backward is done.
-# (2^62 bytes: a cap no model reaches, and an int, as every other byte setting.)
-ONE_BUCKET = 1 << 62
+# A byte setting's "no bound": 2^62 bytes, beyond any buffer or model, and an int, as every
+# other byte setting. HVDLITE_RING_THRESHOLD's "never" (hvdlite.core.defaults.NO_RING) and
+# HVDLITE_BUCKET_BYTES=all (ONE_BUCKET): one bucket of each kind (dtype and device), its
+# first one not made small either, so a step's gradients are reduced once backward is done.
+UNBOUNDED_BYTES = 1 << 62
+ONE_BUCKET = UNBOUNDED_BYTES
 
 
 def parse_bucket_bytes(text: str) -> int:

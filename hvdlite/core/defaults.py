@@ -24,21 +24,20 @@ import dataclasses
 import logging
 from typing import Any, Iterable
 
-from hvdlite.config_values import ONE_BUCKET
+from hvdlite.config_values import ONE_BUCKET, UNBOUNDED_BYTES
 from hvdlite.core import cpus
 
 _log = logging.getLogger("hvdlite")
 
 # HVDLITE_RING_THRESHOLD that no buffer reaches: under HVDLITE_ALLREDUCE=auto,
-# MPI's Allreduce at every size. (2^62 bytes: far beyond any buffer, and an int,
-# as every other byte setting.)
-NO_RING = 1 << 62
+# MPI's Allreduce at every size.
+NO_RING = UNBOUNDED_BYTES
 
 
 def describe_bytes(nbytes: int, unbounded: str = "never") -> str:
-    """'2 MiB', '256 KiB', ``unbounded`` (NO_RING: 'never'; as a bucket cap, 'all') for
-    the logs and the report."""
-    if nbytes >= NO_RING:
+    """'2 MiB', '256 KiB', ``unbounded`` (UNBOUNDED_BYTES: as a ring threshold 'never',
+    as a bucket cap 'all') for the logs and the report."""
+    if nbytes >= UNBOUNDED_BYTES:
         return unbounded
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << (shift - 4)) == 0:

@@ -47,12 +47,14 @@ def plan(nbytes: Sequence[int], kinds: Sequence[Hashable], cap: int,
 
 def cut(nbytes: Sequence[int], kinds: Sequence[Hashable], order: Sequence[int],
         cap: Optional[int], first: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
-    """``order`` cut into buckets of one kind: a new one past ``cap`` bytes (None: no
-    cap; 0: one position per bucket; ONE_BUCKET: one bucket of each kind), the first of
-    each kind past min(first, cap)."""
+    """``order`` cut into buckets of one kind: a new one past ``cap`` bytes (None or
+    ONE_BUCKET: no cap, one bucket of each kind; 0: one position per bucket), the first
+    of each kind past min(first, cap)."""
     if cap == 0:
         return [[i] for i in order]
-    first = cap if cap and cap >= ONE_BUCKET else min(first, cap) if cap else 0
+    if cap is not None and cap >= ONE_BUCKET:
+        cap = None
+    first = min(first, cap) if cap else 0
     open_: dict[Hashable, list[int]] = {}
     sizes: dict[Hashable, int] = {}
     closed: set[Hashable] = set()          # kinds past their first bucket
