@@ -42,7 +42,7 @@ from hvdlite.bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
            "fused_handoff", "fused_negotiated", "no_comm")
-# The floors (bench/training_floor.py) run when asked for by name.
+# The floors (bench/floor.py) run when asked for by name.
 DEFAULT_METHODS = tuple(m for m in METHODS if not m.startswith("fused_"))
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
 # instead of MPI. hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
@@ -135,35 +135,31 @@ def _loop(name: str, model: Any, optimizer: Any, data: Any,
 def _run_hand_fused(name: str, measured: Measured, seconds: float,
                     floor: str = "") -> float:
     """The hand-fused loop; ``floor`` "handoff" or "negotiated": its Allreduce run by a
-    helper thread, after an agreement round for "negotiated" (bench/training_floor.py)."""
+    helper thread, after an agreement round for "negotiated" (bench/floor.py)."""
     import numpy as np
     import torch
     from mpi4py import MPI
-    from hvdlite.bench import training_floor
+    from hvdlite.bench import floor as floors
     comm = measured.comm
     model, data = build(name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     params = list(model.parameters())
     flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
     private = comm.Dup() if floor else comm
-    agree = training_floor.Agreement(private) if floor == "negotiated" else None
+    agree = floors.Agreement(private) if floor == "negotiated" else None
 
-    def reduce() -> None:
+    def reduce() -> None:               # the CPU of whichever thread runs it
+        started = time.thread_time()
         if agree is not None:
             agree.run()
         private.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-    helper = training_floor.Helper(reduce) if floor else None
+        measured.allreduce_cpu += time.thread_time() - started
+    helper = floors.Helper(reduce) if floor else None
+    exchange = helper.run if helper is not None else reduce
 
     def fused_allreduce() -> None:      # after backward: one fused Allreduce, then average
         torch.cat([p.grad.reshape(-1) for p in params], out=torch.from_numpy(flat))
-        started = time.thread_time()
-        if helper is not None:
-            before = helper.cpu
-            helper.run()
-            measured.allreduce_cpu += helper.cpu - before   # the helper's, not this thread's
-        else:
-            reduce()
-        measured.allreduce_cpu += time.thread_time() - started
+        exchange()
         started = time.thread_time()
         np.divide(flat, comm.Get_size(), out=flat)
         measured.average_cpu += time.thread_time() - started
@@ -359,6 +355,6 @@ def _print_table(rows: list, rounds: int, warmup_s: float = 0.0,
                              for k in ("training", "engine", "helpers"))
             allreduce = (f"  Allreduce {1000 * extra.get('cpu_allreduce', 0.0):6.1f}"
                          f" + average {1000 * extra.get('cpu_average', 0.0):5.1f}"
-                         if m in WORKERS and m.startswith(("hand_", "fused_")) else "")
+                         if m.startswith(("hand_", "fused_")) else "")
             print(f"{model:>11} {np_:>3} {m:>16}: {extra.get('peak_rss_mib', 0.0):7.0f} MiB  "
                   f"cpu {cpu}{allreduce}")
