@@ -74,9 +74,12 @@ def _job_env(bin_dir: Path, **extra: str) -> dict[str, str]:
 def _mpi_start_failed(code: int, output: str) -> bool:
     """MPICH's UCX start-up under Debian's slurm plugin failed inside MPI_Init_thread,
     before any hvdlite code ran (the slurm step logs garbled PMI-2 requests, UCX a
-    "Shared memory error" or an "addr version" assertion): the attempt says nothing
-    about the job."""
-    return code != 0 and "MPI_Init_thread(" in output
+    "Shared memory error" or an "addr version" assertion), or hung there until the job
+    was cancelled (the step logged the garbled requests, "invalid client request", and
+    nothing failed: a clean clone's CI run, job 12 of the elastic reference): the attempt
+    says nothing about the job."""
+    return code != 0 and ("MPI_Init_thread(" in output
+                          or "mpi/pmi2: invalid client request" in output)
 
 
 def _submit(cluster: Cluster, template: str, args: list[str], options: list[str],
