@@ -72,12 +72,13 @@ class Config:
     """
     cycle_time: float = _knob(
         1.0, parse_nonneg_float,
-        "Milliseconds an idle engine waits before joining a negotiation round while "
-        "any rank has work; once every rank is idle, or a round changed nothing on any "
-        "rank (while the world is the only process set), the wait doubles each round, "
-        "up to 64 cycles and 0.1 s. Work submitted locally wakes the engine at once, so "
-        "this bounds only how long a rank with work waits for an idle peer (one on a "
-        "process set the peer is not in), and the idle CPU cost.",
+        "With process sets besides the world: milliseconds an idle engine waits "
+        "before joining a negotiation round while any rank has work; once every rank "
+        "is idle, the wait doubles each round, up to 64 cycles and 0.1 s. It bounds "
+        "how long a rank with work on a set waits for an idle peer outside it. While "
+        "the world is the only set, nobody waits on an idle rank's rounds, and it joins "
+        "one every 0.1 s, or every cycle if that is longer. Work submitted locally "
+        "wakes the engine at once.",
         aliases=("HOROVOD_CYCLE_TIME",))
     fusion_threshold: int = _knob(
         64 << 20, parse_bytes,

@@ -31,7 +31,7 @@ from hvdlite.config import fields_set as config_fields_set
 from hvdlite.core import deadlock, defaults, exit_guard, liveness, outputs, stall, waiting
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, UNCHANGED,
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
                                    ProcessSetRegistry, SetState, round_vector)
 from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict
@@ -187,8 +187,8 @@ class Engine(Stoppable):
         requests = [s.round.start() for s in members]     # each over its vector
         self._waiter.wait(requests)
         self._deadlock.observe(vectors[0][0])      # members[0] is the global set
-        if not self._quiet(vectors) and (not idle or not all(v[0] & RANK_IDLE for v in vectors)):
-            self._idle.busy()     # a rank has work: tick every cycle, it may wait on us
+        if not idle or not all(v[0] & RANK_IDLE for v in vectors):
+            self._idle.busy()     # a rank has work: with process sets, it may wait on us
         for state, vector in zip(members, vectors):
             if vector[0] & NO_FULL_ROUND:
                 bits = state.cache.bits_of(vector, 1)
@@ -208,19 +208,8 @@ class Engine(Stoppable):
 
     def _wait_for_work(self) -> None:
         if not self._has_work():       # (a round with work resets the schedule: below)
-            self._idle.sleep(self.config.cycle_time, self._doorbell, self._has_work)
-
-    def _quiet(self, vectors: Sequence[array.array]) -> bool:
-        """Whether the round just done changed nothing anywhere: every rank's requests
-        were those of its previous round, so it agreed nothing, and none needed a full
-        round. Until some rank submits again, another round agrees nothing either, so
-        idle ranks may slow down as when every rank is idle: the ranks with work wait
-        in their next round, and the submission that would complete it wakes its own
-        rank at once. Only where the world is the one process set: a rank with work on
-        a smaller set would also wait for the idle ranks' next global round."""
-        word = vectors[0][0]
-        return (word & UNCHANGED and word & NO_FULL_ROUND
-                and self.registry.only_world())
+            self._idle.sleep(self.config.cycle_time, self._doorbell, self._has_work,
+                             patient=self.registry.only_world())
 
     def _has_work(self) -> bool:
         if self._queue or self._shutdown_requested or self.executor.busy:
@@ -247,11 +236,10 @@ class Engine(Stoppable):
     def _round_vector(self, state: SetState, idle: bool = False) -> array.array:
         if state.set_id != GLOBAL_SET_ID:   # a rank in join() says so in full rounds
             need_full = state.set_id in self._stall_messages or self.registry.in_join()
-            return round_vector(state, need_full, self._report_after, idle,
-                                self.executor.busy)
+            return round_vector(state, need_full, self._report_after, idle)
         need_full = (GLOBAL_SET_ID in self._stall_messages or self._shutdown_requested
                      or self._deadlock.due)
-        vector = round_vector(state, need_full, self._report_after, idle, self.executor.busy)
+        vector = round_vector(state, need_full, self._report_after, idle)
         vector[0] |= self._deadlock.flags(self.executor.busy)
         return vector
 

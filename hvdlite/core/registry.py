@@ -56,8 +56,6 @@ class SetState:
     coordinator: Optional[Coordinator]
     pending: dict[str, Request] = dataclasses.field(default_factory=dict)
     round: Round = dataclasses.field(init=False)
-    # The cache words of this rank's previous round on the set (UNCHANGED compares them).
-    last_words: Optional[array.array] = dataclasses.field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.round = Round(self.comm, 1 + self.cache.words)
@@ -149,17 +147,13 @@ class ProcessSetRegistry:
 NO_FULL_ROUND = 1   # "this rank needs no full round"
 RANK_IDLE = 2       # "this rank has nothing to do": pending nothing, in any set
 # (4 and 8: deadlock.py's)
-UNCHANGED = 16      # "my requests are those of my previous round here, and nothing runs"
 
 
 def round_vector(state: SetState, need_full: bool,
-                 report_after: Optional[float], idle: bool = False,
-                 running: bool = False) -> array.array:
+                 report_after: Optional[float], idle: bool = False) -> array.array:
     """This rank's word for the set's next negotiation round: the cache bits of its
     pending requests, the flag saying whether a full round can be skipped, and
-    whether this rank is idle (``idle``), and whether its requests are those of its
-    previous round on the set while no backend work runs (``running``: some does). A
-    request the cache does not know, or one pending longer than ``report_after``
+    whether this rank is idle (``idle``). A request the cache does not know, or one pending longer than ``report_after``
     seconds (it must be reported as a stall once), needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
     idle spell a NumPy allocation alone cost ~14 us of cold code here. It is the
@@ -178,9 +172,5 @@ def round_vector(state: SetState, need_full: bool,
             request.stall_reported = True
             need_full = True
     state.cache.set_bits(bits, vector, 1)
-    words = vector[1:]
-    unchanged = not running and words == state.last_words
-    state.last_words = words
-    vector[0] = ((0 if need_full else NO_FULL_ROUND) | (RANK_IDLE if idle else 0)
-                 | (UNCHANGED if unchanged else 0))
+    vector[0] = (0 if need_full else NO_FULL_ROUND) | (RANK_IDLE if idle else 0)
     return vector

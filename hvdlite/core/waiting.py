@@ -89,15 +89,21 @@ class Doorbell:
 
 class IdleTicks:
     """How long an idle engine sleeps before joining its next round (ranks must keep
-    joining rounds so that shutdowns and stall reports get through).
+    joining rounds so that shutdowns, stall reports and liveness get through).
 
-    One cycle while any rank of its sets has work: a member with work on a smaller set
-    waits for this rank's next global round. Once every rank is idle, ever more slowly,
-    up to 64 cycles and 0.1 s apart: each tick costs ~80-280 us of CPU here, taken from
-    training or evaluation (8 cycles apart, the idle engine used 3-4% of a core; 64,
-    under 1%). The 0.1 s keeps every live engine well inside liveness.OVERDUE_S. Local
-    work still wakes the engine at once, and agreement needs every rank's own
-    submission, which wakes that rank too; only shutdown notices wait for slow ticks."""
+    While the world is the only process set, nobody waits on an idle rank's rounds:
+    every collective needs each rank's own submission, which wakes that rank at once
+    (the doorbell), and a round it joins with nothing to submit agrees nothing. So it
+    is ``patient``: it sleeps the longest tick, 0.1 s (unless one cycle is longer),
+    which keeps every live engine well inside liveness.OVERDUE_S. Ticking from one
+    cycle, doubling while all were idle, cost four rounds in each step of the MLP at
+    np=4 on 2 cores, each ~80-280 us of CPU on every rank, taken from training
+    (BENCHMARKS.md, "idle ranks tick slowly").
+
+    With smaller process sets, a member with work on one of them waits for this rank's
+    next global round (an iteration waits for the rounds of all its sets): one cycle
+    while any rank of its sets has work; once every rank is idle, twice as long each
+    round, up to 64 cycles and the same 0.1 s."""
 
     MAX_DOUBLINGS = 6
     LONGEST_S = 0.1       # unless one cycle is longer
@@ -106,15 +112,20 @@ class IdleTicks:
         self._doublings = 0
 
     def busy(self) -> None:
-        """Some rank has work: the next sleep is one cycle."""
+        """Some rank has work: the next sleep that is not patient is one cycle."""
         self._doublings = 0
 
-    def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool]) -> None:
+    def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool],
+              patient: bool = False) -> None:
         """Sleep until the next tick, a ring, or ``ready()``."""
         cycle = cycle_ms / 1000.0
+        longest = max(cycle, self.LONGEST_S)
+        if patient:
+            doorbell.listen(longest, ready)
+            return
         backoff = 1 << min(self._doublings, self.MAX_DOUBLINGS)
         self._doublings += 1
-        doorbell.listen(min(cycle * backoff, max(cycle, self.LONGEST_S)), ready)
+        doorbell.listen(min(cycle * backoff, longest), ready)
 
 
 class Batches:

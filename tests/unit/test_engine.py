@@ -18,7 +18,7 @@ import pytest
 
 from hvdlite.core import engine as engine_module
 from hvdlite.core import stall
-from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE, UNCHANGED
+from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE
 from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import HvdliteError, MismatchError
 from tests.unit import engine_rig
@@ -30,22 +30,37 @@ world, log = engine_rig.world, engine_rig.log   # fixtures
 
 
 # -- the idle schedule -------------------------------------------------------------------
-def test_an_idle_engine_waits_a_cycle_then_twice_as_long_each_time_up_to_64() -> None:
+@pytest.mark.parametrize("cycle_ms, wait_s", [(1.5, 0.1), (200.0, 0.2)])
+def test_with_only_the_world_an_idle_engine_waits_the_longest_tick_each_time(
+        cycle_ms: float, wait_s: float) -> None:
+    """Nobody waits on the rounds of an idle rank when the world is the only set: its
+    peers' collectives need its own submission, which wakes it. It joins a round every
+    0.1 s (one cycle if that is longer), for liveness and shutdowns."""
+    engine = set_up(cycle_time=cycle_ms)
+    engine._doorbell = bell = Bell()
+    for _ in range(4):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([wait_s] * 4, rel=1e-9)
+    assert bell.ready_answers == [False] * 4      # each wait asks whether work came meanwhile
+
+
+def test_with_process_sets_an_idle_engine_waits_a_cycle_then_twice_as_long_up_to_64() -> None:
     engine = set_up(cycle_time=1.5)
+    second_set(engine)
     engine._doorbell = bell = Bell()
     for _ in range(9):
         assert engine._iteration()
     assert bell.waits == pytest.approx([0.0015 * 2 ** min(i, 6) for i in range(9)], rel=1e-9)
-    assert bell.ready_answers == [False] * 9      # each wait asks whether work came meanwhile
 
 
 @pytest.mark.parametrize("cycle_ms, waits_ms", [(30.0, [30, 60, 100, 100]),
                                                  (200.0, [200, 200, 200])])
-def test_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
+def test_with_process_sets_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
         cycle_ms: float, waits_ms: list[float]) -> None:
     """Liveness reads a round incomplete for 0.5 s as a rank in trouble: an idle engine
     never sleeps past 0.1 s between rounds, unless one cycle is already longer."""
     engine = set_up(cycle_time=cycle_ms)
+    second_set(engine)
     engine._doorbell = bell = Bell()
     for _ in waits_ms:
         assert engine._iteration()
@@ -54,13 +69,10 @@ def test_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
 
 class PeerAtWork:
     """Stands in for a set's round where another member rank has work: the AND of
-    the round clears this rank's RANK_IDLE bit, as a busy peer's word would, and its
-    UNCHANGED bit too while the peer's requests change from round to round
-    (``changing``: it submits more, or some were agreed)."""
+    the round clears this rank's RANK_IDLE bit, as a busy peer's word would."""
 
-    def __init__(self, real: Any, changing: bool = True) -> None:
+    def __init__(self, real: Any) -> None:
         self.real = real
-        self.cleared_bits = RANK_IDLE | (UNCHANGED if changing else 0)
         self.idle_flags_sent: list[bool] = []
 
     def cleared(self) -> Any:
@@ -68,17 +80,32 @@ class PeerAtWork:
 
     def start(self) -> Any:
         self.idle_flags_sent.append(bool(self.real.vector[0] & RANK_IDLE))
-        self.real.vector[0] &= ~self.cleared_bits
+        self.real.vector[0] &= ~RANK_IDLE
         return self.real.start()
 
     def free(self) -> None:
         self.real.free()
 
 
-def test_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
+def test_with_only_the_world_a_peer_at_work_does_not_wake_an_idle_engine() -> None:
+    """The peer's collective completes when this rank submits its part, not at a tick:
+    ticking for it would only add rounds that agree nothing, each taking CPU from
+    training."""
+    engine = set_up(cycle_time=3.0)
+    engine._doorbell = bell = Bell()
+    state = engine.registry.member(0)
+    state.round = peer = PeerAtWork(state.round)
+    for _ in range(3):
+        assert engine._iteration()
+    assert bell.waits == pytest.approx([0.1] * 3, rel=1e-9)
+    assert peer.idle_flags_sent == [True] * 3      # this rank itself said it was idle
+
+
+def test_with_process_sets_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
     """A member with work on a smaller set waits for this rank's next global round:
     while any rank's word says it is busy, an idle engine does not slow down."""
     engine = set_up(cycle_time=3.0)
+    second_set(engine)
     engine._doorbell = bell = Bell()
     state = engine.registry.member(0)
     state.round = peer = PeerAtWork(state.round)
@@ -90,33 +117,6 @@ def test_an_idle_engine_ticks_every_cycle_while_a_peer_has_work() -> None:
     for _ in range(3):
         assert engine._iteration()
     assert bell.waits[4:] == pytest.approx([0.003, 0.006, 0.012], rel=1e-9)
-
-
-def test_an_idle_engine_slows_down_while_a_peers_work_waits_unchanged_for_others() -> None:
-    """A round where no rank's requests changed agreed nothing, and the next agrees
-    nothing either until some rank submits, which wakes that rank at once: the idle
-    engine backs off as if every rank were idle (the first round, with nothing to
-    compare, counts as a change)."""
-    engine = set_up(cycle_time=3.0)
-    engine._doorbell = bell = Bell()
-    state = engine.registry.member(0)
-    state.round = PeerAtWork(state.round, changing=False)
-    for _ in range(5):
-        assert engine._iteration()
-    assert bell.waits == pytest.approx([0.003, 0.003, 0.006, 0.012, 0.024], rel=1e-9)
-
-
-def test_with_process_sets_an_unchanged_peer_still_keeps_an_idle_engine_ticking() -> None:
-    """A member with work on a smaller set waits for every rank's next global round,
-    so while more than one set is registered only a round of idle ranks slows down."""
-    engine = set_up(cycle_time=3.0)
-    engine._doorbell = bell = Bell()
-    second_set(engine)
-    state = engine.registry.member(0)
-    state.round = PeerAtWork(state.round, changing=False)
-    for _ in range(4):
-        assert engine._iteration()
-    assert bell.waits == pytest.approx([0.003] * 4, rel=1e-9)
 
 
 def test_a_peer_at_work_on_any_one_set_keeps_an_idle_engine_ticking() -> None:
@@ -143,8 +143,12 @@ def test_a_rank_with_work_does_not_say_it_is_idle() -> None:
     assert peer.idle_flags_sent == [False, True]
 
 
-def test_work_wakes_an_idle_engine_at_once_and_its_next_wait_is_one_cycle_again() -> None:
+@pytest.mark.parametrize("sets", [1, 2])
+def test_work_wakes_an_idle_engine_at_once_then_it_waits_as_before(sets: int) -> None:
+    """With process sets, the schedule starts again at one cycle."""
     engine = set_up(cycle_time=2.0)
+    if sets == 2:
+        second_set(engine)
     engine._doorbell = bell = Bell()
     for _ in range(3):
         engine._iteration()
@@ -154,7 +158,8 @@ def test_work_wakes_an_idle_engine_at_once_and_its_next_wait_is_one_cycle_again(
     np.testing.assert_array_equal(outcome(engine, handle), [1.0, 2.0, 3.0])
     engine._iteration()
     engine._iteration()
-    assert bell.waits[3:] == pytest.approx([0.002, 0.004], rel=1e-9)
+    assert bell.waits[3:] == pytest.approx([0.002, 0.004] if sets == 2 else [0.1, 0.1],
+                                           rel=1e-9)
 
 
 @pytest.mark.parametrize("work", ["queued", "pending", "backend busy", "shutdown"])

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from hvdlite.core import registry as registry_module
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.deadlock import BLOCKED, NO_DEADLOCK_CHECK
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE, UNCHANGED,
+from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
                                    ProcessSetRegistry, Round, SetState, round_vector)
 from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
@@ -189,11 +189,7 @@ def pend(state: SetState, name: str, submitted_at: Optional[float] = None) -> Re
 
 
 def plain(vector: Any) -> list[int]:
-    """The words without UNCHANGED, for the tests that call round_vector again on the
-    same requests for another reason (its own test is below)."""
-    words = vector.tolist()
-    words[0] &= ~UNCHANGED
-    return words
+    return vector.tolist()
 
 
 def test_all_cached_needs_no_full_round(now: list[float]) -> None:
@@ -250,19 +246,10 @@ def test_a_request_pending_too_long_needs_one_full_round(now: list[float]) -> No
     assert young.stall_reported
 
 
-def test_unchanged_says_the_requests_are_those_of_the_previous_round_and_nothing_runs(
-        now: list[float]) -> None:
-    state = set_state(["a", "b"])
-    pend(state, "a")
-    assert not round_vector(state, False, None)[0] & UNCHANGED     # nothing to compare
-    assert round_vector(state, False, None)[0] & UNCHANGED
-    assert not round_vector(state, False, None, running=True)[0] & UNCHANGED
-    pend(state, "b")
-    assert not round_vector(state, False, None)[0] & UNCHANGED     # one more request
-    assert round_vector(state, True, None)[0] & UNCHANGED          # whatever else it says
-    del state.pending["a"]                                         # one was agreed
-    assert not round_vector(state, False, None)[0] & UNCHANGED
-    assert UNCHANGED & (NO_FULL_ROUND | RANK_IDLE | BLOCKED | NO_DEADLOCK_CHECK) == 0
+def test_the_flag_bits_of_the_registry_and_the_deadlock_watch_are_distinct() -> None:
+    flags = [NO_FULL_ROUND, RANK_IDLE, BLOCKED, NO_DEADLOCK_CHECK]
+    assert all(f > 0 and f & (f - 1) == 0 for f in flags)      # one bit each
+    assert NO_FULL_ROUND | RANK_IDLE | BLOCKED | NO_DEADLOCK_CHECK == sum(flags)  # none shared
 
 
 def test_a_round_is_started_again_and_again_on_its_own_vector() -> None:
