@@ -1,7 +1,8 @@
 """Which peer is gone, found while the engine waits on a round that does not complete.
 
-Every live engine joins a negotiation round at least every 8 HVDLITE_CYCLE_TIME,
-even while its user thread computes, so a round still incomplete after
+Every live engine joins a negotiation round at least every 0.1 s (or every
+HVDLITE_CYCLE_TIME, if that is longer; waiting.IdleTicks), even while its user
+thread computes, so a round still incomplete after
 OVERDUE_S means some member's engine is busy in a long collective, frozen, or
 gone. While a round is overdue, each waiting engine (on its own thread, from
 Engine._await):
@@ -32,7 +33,7 @@ from hvdlite.core.transport import Transport
 # pays for either; a stuck round is looked at ten times a second.
 TICK_S = 0.1
 # A round completes in microseconds to milliseconds while every engine is alive
-# (idle ones join every <= 64 cycles, at most 0.1 s apart unless one cycle is longer);
+# (idle ones join at most 0.1 s apart, unless one cycle is longer);
 # past this, checking costs nothing that matters.
 OVERDUE_S = 0.5
 # Same-host process checks read one small /proc file per local peer; twice a second
