@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
@@ -108,20 +109,25 @@ class Cluster:
 
     def sbatch(self, script: str, args: list[str], sbatch_options: list[str],
                cwd: Path, extra_env: dict[str, str] | None = None,
-               timeout: float = 120) -> tuple[int, str]:
+               timeout: float = 120, stuck: Callable[[str], bool] | None = None,
+               stuck_s: float = 30.0) -> tuple[int, str]:
         """Submit with --wait; returns (the job's exit code, its output). A job still
-        running after ``timeout`` is cancelled and reported as exit code 124."""
+        running after ``timeout`` is cancelled and reported as exit code 124, and so is
+        one whose output ``stuck`` has said for ``stuck_s`` seconds is stuck."""
         out = self.root / f"job-{time.monotonic_ns()}.out"
         env = dict(self.env, **(extra_env or {}))
-        try:
-            proc = subprocess.run(["sbatch", "--wait", "-o", str(out), *sbatch_options, script,
-                                   *args], env=env, cwd=cwd, capture_output=True, text=True,
-                                  timeout=timeout)
-            code, stderr = proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired:
+        proc = subprocess.Popen(["sbatch", "--wait", "-o", str(out), *sbatch_options, script,
+                                 *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        why = _watch(proc, out, time.monotonic() + timeout, stuck, stuck_s)
+        if why is None:
+            stderr = proc.communicate()[1]
+            code = proc.returncode
+        else:
             self.run(["scancel", "--user", str(os.getuid())], check=False)
+            proc.communicate()
             time.sleep(2)
-            code, stderr = 124, f"[cancelled after {timeout} s]"
+            code, stderr = 124, f"[cancelled: {why}]"
         return code, (out.read_text() if out.exists() else "") + stderr
 
     def logs(self) -> str:
@@ -137,6 +143,24 @@ class Cluster:
                 daemon.kill()
         PIDFILE.unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _watch(proc: subprocess.Popen, out: Path, deadline: float,
+           stuck: Callable[[str], bool] | None, stuck_s: float) -> str | None:
+    """Wait for sbatch to end; why it must be cancelled instead, or None if it ended."""
+    stuck_since = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now >= deadline:
+            return "still running at its timeout"
+        if stuck is not None and out.exists() and stuck(out.read_text(errors="replace")):
+            stuck_since = now if stuck_since is None else stuck_since
+            if now - stuck_since >= stuck_s:
+                return f"stuck for {stuck_s:g} s"
+        else:
+            stuck_since = None
+        time.sleep(0.5)
+    return None
 
 
 def _end_stale_daemons() -> None:
