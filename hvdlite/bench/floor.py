@@ -30,14 +30,15 @@ from mpi4py import MPI
 
 from hvdlite.bench.timing import lone_median
 from hvdlite.config import Config
+from hvdlite.core import waiting
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.registry import Round
 from hvdlite.core.transport_mpi import MpiTransport
 
+_DEFAULTS = Config()
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
 # cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
-ROUND_WORDS = 1 + ResponseCache(Config().cache_capacity).words
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 20e-6, 250e-6    # the engine's, at the 1 ms cycle
+ROUND_WORDS = 1 + ResponseCache(_DEFAULTS.cache_capacity).words
 
 
 class Helper:
@@ -74,22 +75,24 @@ class Helper:
 class Agreement:
     """One negotiation round over ``comm`` (made and freed at a collective point on
     every rank), polled until done: a spin of ``spin_s`` (HVDLITE_SPIN_TIME's default:
-    the engine's while a user thread waits; ``math.inf``: spin throughout), then sleeps
-    growing from 20 us to a quarter of the 1 ms cycle."""
+    the engine's while a user thread waits; ``math.inf``: spin throughout), then the
+    engine's sleeps (hvdlite.core.waiting), growing from 20 us to a quarter of the
+    default cycle."""
 
     def __init__(self, comm: MPI.Comm, words: int = ROUND_WORDS,
-                 spin_s: float = Config().spin_time * 1e-6) -> None:
+                 spin_s: float = _DEFAULTS.spin_time * 1e-6) -> None:
         self._round = Round(MpiTransport(comm), words)
         self._spin_s = spin_s
+        self._longest_pause = waiting.longest_pause(_DEFAULTS.cycle_time)
 
     def run(self) -> None:
         self._round.cleared()[0] = 1
         request = self._round.start()
-        started, pause = time.perf_counter(), _FIRST_PAUSE_S
+        started, pause = time.perf_counter(), waiting.FIRST_PAUSE_S
         while not request.Test():
             if time.perf_counter() - started > self._spin_s:
                 time.sleep(pause)
-                pause = min(2 * pause, _LONGEST_PAUSE_S)
+                pause = min(2 * pause, self._longest_pause)
 
     def free(self) -> None:
         """Before ``comm`` is freed (the round's request refers to it)."""

@@ -153,8 +153,9 @@ def round_vector(state: SetState, need_full: bool,
                  report_after: Optional[float], idle: bool = False) -> array.array:
     """This rank's word for the set's next negotiation round: the cache bits of its
     pending requests, the flag saying whether a full round can be skipped, and
-    whether this rank is idle (``idle``). A request the cache does not know, or one pending longer than ``report_after``
-    seconds (it must be reported as a stall once), needs a full round.
+    whether this rank is idle (``idle``). A request the cache does not know, or one
+    pending longer than ``report_after`` seconds (it must be reported as a stall once),
+    needs a full round.
     64-bit words in an ``array.array``, not NumPy: built once per round, and after an
     idle spell a NumPy allocation alone cost ~14 us of cold code here. It is the
     set's ``Round`` vector, cleared; ``state.round.start()`` then reduces it."""

@@ -24,8 +24,13 @@ _PR_SET_TIMERSLACK = 29
 # few microseconds, and sleep in pauses that start at 20 us (the latency of a
 # wake-up on this kind of VM) and double up to a quarter of the idle cycle.
 _SPIN_SLICE_S = 20e-6
-_FIRST_PAUSE_S = 20e-6
+FIRST_PAUSE_S = 20e-6
 _LONGEST_PAUSE_FLOOR_S = 50e-6
+
+
+def longest_pause(cycle_ms: float) -> float:
+    """The longest pause between polls of a round (seconds): a quarter of the cycle."""
+    return max(_LONGEST_PAUSE_FLOOR_S, cycle_ms * 1e-3 / 4)
 
 
 def all_done(requests: Sequence[Pending]) -> bool:
@@ -199,8 +204,8 @@ class RoundWaiter:
         inspector, and the check that fails everything if a peer is gone."""
         requests = list(requests)
         budget = self.config.spin_time * 1e-6
-        pause = _FIRST_PAUSE_S
-        longest = max(_LONGEST_PAUSE_FLOOR_S, self.config.cycle_time * 1e-3 / 4)
+        pause = FIRST_PAUSE_S
+        longest = longest_pause(self.config.cycle_time)
         started = next_tick = 0.0
         urgent = False
         queued_before = self._queued()

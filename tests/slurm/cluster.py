@@ -124,8 +124,9 @@ class Cluster:
             stderr = proc.communicate()[1]
             code = proc.returncode
         else:
-            self.run(["scancel", "--user", str(os.getuid())], check=False)
+            proc.kill()                 # as subprocess.run's timeout did, then the job
             proc.communicate()
+            self.run(["scancel", "--user", str(os.getuid())], check=False)
             time.sleep(2)
             code, stderr = 124, f"[cancelled: {why}]"
         return code, (out.read_text() if out.exists() else "") + stderr
