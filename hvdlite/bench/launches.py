@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,20 +62,15 @@ def mpiexec_path() -> str:
     return os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
-def free_port() -> int:
-    """A TCP port free on this host now, for torchrun's rendezvous store."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def command_for(method: Method, np_: int) -> list[str]:
     """The launcher's command line: mpiexec, or torchrun on this host alone."""
     if method.launcher == "torchrun":
         # torch.distributed.run is torchrun; run as a module of this Python, so the
         # workers are too (a torchrun on PATH may belong to another environment).
-        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={np_}",
-                "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        # --standalone: its store binds a port of the kernel's choosing; a port picked
+        # free beforehand can be taken by another connection first (EADDRINUSE).
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={np_}",
                 "-m", "hvdlite.bench", *method.args]
     if method.launcher != "mpiexec":
         raise ValueError(f"unknown launcher {method.launcher!r}: mpiexec or torchrun")

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Optional, Sequence
 import pytest
 
 from hvdlite.runner.supervise import process_tree
+from tests.processes import free_port
 
 pytest.importorskip("torch.distributed", reason="torchrun needs torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,19 +28,6 @@ def torchrun_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun's agent makes a torchelastic_* folder per job under TMPDIR and leaves it:
     under the test's own tmp_path, which pytest removes."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-
-
-def _free_port() -> int:
-    """A port free now, below Linux's ephemeral range (32768 up), from which every
-    outgoing connection on the machine (other tests' too) takes its local port."""
-    while True:
-        port = random.randrange(20000, 32000)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def torchrun(job: str, nproc: int, without_mpi4py: bool = False,
@@ -58,7 +44,7 @@ def torchrun(job: str, nproc: int, without_mpi4py: bool = False,
     for _ in range(3):
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                    f"--monitor-interval={monitor_s:g}", *options,
-                   "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+                   "--master_addr=127.0.0.1", f"--master_port={free_port()}",
                    "-m", module, job]
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)
@@ -238,7 +224,7 @@ def test_a_lost_node_shrinks_the_job_and_a_joining_node_grows_it_under_torchrun(
     import json
     import time
     import torch.distributed as dist
-    port = _free_port()
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     hosts, out = tmp_path / "hosts", tmp_path / "result"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HVDLITE_PEER_TIMEOUT="5",

@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 import pytest
 
 from hvdlite.runner.mpi_impl import library
+from tests.processes import free_port
 from tests.slurm.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,7 +275,6 @@ def test_torchrun_template_runs_hvdlite_on_the_torch_transport(cluster: Cluster,
     name) puts all four on one node; SLURM's ids describe the torchrun tasks, not the
     ranks, and hvdlite must not trust them."""
     pytest.importorskip("torch.distributed")
-    from hvdlite.bench.launches import free_port
     code, output = _submit(cluster, "slurm_torchrun.sbatch",
                            [sys.executable, "-m", "tests.slurm.probe"],
                            ["--nodes=2", "--cpus-per-task=1"],
