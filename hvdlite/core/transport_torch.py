@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import datetime
 import functools
 import os
 import pickle
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hvdlite.core.store_channel import StoreChannel
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
@@ -55,6 +57,22 @@ class TorchPending:
         self._work.wait()
         self._done, self._keep = True, ()
 
+    def wait_for(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` (at least 1 ms: torch counts whole milliseconds,
+        and 0 is no limit), the GIL released; True once complete."""
+        if self._done:
+            return True
+        try:
+            self._work.wait(datetime.timedelta(milliseconds=max(1, round(timeout_s * 1e3))))
+        except RuntimeError:
+            if not self._work.is_completed():     # timed out: torch raises for that too
+                return False
+            # It ended as the wait timed out: a wait now returns, or raises the
+            # operation's own failure.
+            self._work.wait()
+        self._done, self._keep = True, ()
+        return True
+
 
 def _reduce_options(op: Any) -> Any:
     options = dist.AllreduceOptions()
@@ -82,46 +100,6 @@ class TorchRound:
 
     def free(self) -> None:
         pass
-
-
-class StoreChannel:
-    """Pings and verdicts as counters and values in the store: ``ping/<to>/<from>``
-    counts pings, ``told/<to>/<from>`` verdicts, ``verdict/<to>/<from>`` holds the last.
-    Each drain reads 2(P-1) counters; it runs only while a round is overdue."""
-
-    def __init__(self, store: Any, prefix: str, me: int, size: int) -> None:
-        self._store, self._prefix, self._me = store, prefix, me
-        self._others = [r for r in range(size) if r != me]
-        self._pings = dict.fromkeys(self._others, 0)
-        self._told = dict.fromkeys(self._others, 0)
-
-    def _key(self, what: str, to: int, source: int) -> str:
-        return f"{self._prefix}/{what}/{to}/{source}"
-
-    def ping(self, ranks: Sequence[int]) -> None:
-        for rank in ranks:
-            self._store.add(self._key("ping", rank, self._me), 1)
-
-    def drain(self) -> tuple[set[int], list[tuple[int, str]]]:
-        heard: set[int] = set()
-        verdicts: list[tuple[int, str]] = []
-        for peer in self._others:
-            pings = self._store.add(self._key("ping", self._me, peer), 0)
-            if pings != self._pings[peer]:
-                self._pings[peer] = pings
-                heard.add(peer)
-            told = self._store.add(self._key("told", self._me, peer), 0)
-            if told != self._told[peer]:
-                self._told[peer] = told
-                heard.add(peer)
-                text = self._store.get(self._key("verdict", self._me, peer))
-                verdicts.append((peer, text.decode("utf-8", "replace")))
-        return heard, verdicts
-
-    def tell(self, ranks: Sequence[int], text: str) -> None:
-        for rank in ranks:
-            self._store.set(self._key("verdict", rank, self._me), text)
-            self._store.add(self._key("told", rank, self._me), 1)   # after: the text is there
 
 
 class TorchTransport:

@@ -170,6 +170,74 @@ def test_work_queued_before_the_wait_does_not_count_as_new(
     assert world.pauses()[:3] == [20, 40, 80] and world.pauses("sleep") == []
 
 
+class BlockingRound:
+    """A round that a library completes on its own threads (torch's Gloo): the waiter
+    blocks in ``wait_for``, here advancing the fake clock by what it asks."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.timeouts: list[float] = []
+
+    def Test(self) -> bool:  # noqa: N802
+        raise AssertionError("a blocking round is waited on, not polled")
+
+    def wait_for(self, timeout_s: float) -> bool:
+        self.timeouts.append(timeout_s)
+        world = self.world
+        world.now = min(world.now + max(timeout_s, 1e-3), max(world.now, world.done_at))
+        return world.now >= world.done_at
+
+
+def run_blocking(world: World, monkeypatch: pytest.MonkeyPatch, count: int = 1,
+                 waiting_users: int = 1) -> tuple[list[BlockingRound], list[float]]:
+    """One wait on ``count`` blocking rounds; the rounds and the times of on_tick calls."""
+    monkeypatch.setattr(waiting, "time", SimpleNamespace(
+        perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
+    ticks: list[float] = []
+
+    def on_tick(started: float, now: float) -> None:
+        assert started == world.start
+        ticks.append(now)
+    config = SimpleNamespace(spin_time=1000.0, cycle_time=1.0)
+    waiter = RoundWaiter(config, SimpleNamespace(waiting=waiting_users), on_tick,
+                         world, lambda: len(world.queue))  # type: ignore[arg-type]
+    rounds = [BlockingRound(world) for _ in range(count)]
+    waiter.wait(rounds)
+    return rounds, ticks
+
+
+def test_a_blocking_round_is_waited_on_blocked_neither_polled_nor_spun(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Even with a user waiting and a spin budget: spinning would not progress it.
+    world = World(done_after=0.05)
+    rounds, ticks = run_blocking(world, monkeypatch)
+    assert ticks == [] and world.events == [] and world.tests == 0
+    assert rounds[0].timeouts == pytest.approx([liveness.TICK_S])
+    assert world.now == pytest.approx(world.done_at)
+
+
+def test_a_lasting_blocking_wait_ticks_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(done_after=3.5 * liveness.TICK_S)
+    rounds, ticks = run_blocking(world, monkeypatch, count=2)
+    assert ticks == pytest.approx([world.start + k * liveness.TICK_S for k in (1, 2, 3)])
+    assert all(0 < t <= liveness.TICK_S + 1e-9 for t in rounds[0].timeouts)
+    assert len(rounds[1].timeouts) == 1            # done by then: one look, no tick
+
+
+def test_a_round_without_wait_for_among_blocking_ones_is_polled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(done_after=0.0003)
+    monkeypatch.setattr(waiting, "all_done", lambda requests: world.Testall(["round"]))
+    blocking = BlockingRound(world)
+    monkeypatch.setattr(waiting, "time", SimpleNamespace(
+        perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
+    waiter = RoundWaiter(SimpleNamespace(spin_time=0.0, cycle_time=1.0),
+                         SimpleNamespace(waiting=0), lambda s, n: None, world,
+                         lambda: 0)  # type: ignore[arg-type]
+    waiter.wait([blocking, object()])
+    assert blocking.timeouts == [] and world.pauses()[:3] == [20, 40, 80]
+
+
 @pytest.mark.skipif(not hasattr(ctypes, "CDLL"), reason="no ctypes")
 def test_precise_sleeps_sets_this_threads_timer_slack_to_1_us() -> None:
     try:
