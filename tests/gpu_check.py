@@ -87,6 +87,9 @@ _ALIASES = {
         "import threading\n\n\ndef in_thread(target, args=(), name=None, daemon=True, "
         "silent=False):\n    thread = threading.Thread(target=target, args=args, name=name, "
         "daemon=daemon)\n    thread.start()\n    return thread\n"),
+    # It also imports the PyPI package mock, which the GPU image lacks (2026-11-28):
+    # the standard library's, under that name.
+    "mock.py": "from unittest.mock import *  # noqa\n",
 }
 
 
