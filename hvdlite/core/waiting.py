@@ -121,8 +121,8 @@ class IdleTicks:
         """Some rank has work: the next sleep that is not patient is one cycle."""
         self._doublings = 0
 
-    def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool],
-              patient: bool = False) -> None:
+    def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool], *,
+              patient: bool) -> None:
         """Sleep until the next tick, a ring, or ``ready()``."""
         cycle = cycle_ms / 1000.0
         longest = max(cycle, self.LONGEST_S)

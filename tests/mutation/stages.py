@@ -111,10 +111,12 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_topology.py")]),
     "hvdlite/core/recorder.py": (60, [
         ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
-    # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell.
+    # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell;
+    # the idle ticks (test_engine.py) and all_done (test_registry.py).
     "hvdlite/core/waiting.py": (60, [
         ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
-                 "tests/unit/test_handles.py")]),
+                 "tests/unit/test_handles.py tests/unit/test_engine.py "
+                 "tests/unit/test_registry.py")]),
     # The guard runs as a real child process (a socketpair stands in for hydra's PMI fd).
     "hvdlite/core/exit_guard.py": (60, [
         ("unit", "tests/unit/test_exit_guard.py"),

@@ -40,12 +40,14 @@ def test_a_batch_is_queued_whole_when_it_ends_with_one_ring() -> None:
 def test_a_batch_holds_only_its_own_threads_submissions() -> None:
     queue: collections.deque = collections.deque()
     batches = waiting.Batches(queue, _Bell())  # type: ignore[arg-type]
+    queued: list[bool] = []
     with batches.batch():
         batches.put("held")
-        other = threading.Thread(target=lambda: batches.put("other thread"))
+        other = threading.Thread(target=lambda: queued.append(batches.put("other thread")))
         other.start()
         other.join()
         assert list(queue) == ["other thread"]
+        assert queued == [True]                    # queued at once: its caller rings
     assert list(queue) == ["other thread", "held"]
 
 

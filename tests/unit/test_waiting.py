@@ -172,24 +172,29 @@ def test_work_queued_before_the_wait_does_not_count_as_new(
 
 class BlockingRound:
     """A round that a library completes on its own threads (torch's Gloo): the waiter
-    blocks in ``wait_for``, here advancing the fake clock by what it asks."""
+    blocks in ``wait_for``, here advancing the fake clock by what it asks, or by the
+    next of ``lengths`` (fractions of it: a real wait may end early, or late)."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, lengths: tuple[float, ...] = (1.0,)) -> None:
         self.world = world
         self.timeouts: list[float] = []
+        self._lengths = lengths
 
     def Test(self) -> bool:  # noqa: N802
         raise AssertionError("a blocking round is waited on, not polled")
 
     def wait_for(self, timeout_s: float) -> bool:
+        length = self._lengths[len(self.timeouts) % len(self._lengths)]
         self.timeouts.append(timeout_s)
         world = self.world
-        world.now = min(world.now + max(timeout_s, 1e-3), max(world.now, world.done_at))
+        world.now = min(world.now + max(timeout_s, 1e-3) * length,
+                        max(world.now, world.done_at))
         return world.now >= world.done_at
 
 
 def run_blocking(world: World, monkeypatch: pytest.MonkeyPatch, count: int = 1,
-                 waiting_users: int = 1) -> tuple[list[BlockingRound], list[float]]:
+                 waiting_users: int = 1, lengths: tuple[float, ...] = (1.0,)
+                 ) -> tuple[list[BlockingRound], list[float]]:
     """One wait on ``count`` blocking rounds; the rounds and the times of on_tick calls."""
     monkeypatch.setattr(waiting, "time", SimpleNamespace(
         perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
@@ -201,7 +206,7 @@ def run_blocking(world: World, monkeypatch: pytest.MonkeyPatch, count: int = 1,
     config = SimpleNamespace(spin_time=1000.0, cycle_time=1.0)
     waiter = RoundWaiter(config, SimpleNamespace(waiting=waiting_users), on_tick,
                          world, lambda: len(world.queue))  # type: ignore[arg-type]
-    rounds = [BlockingRound(world) for _ in range(count)]
+    rounds = [BlockingRound(world, lengths) for _ in range(count)]
     waiter.wait(rounds)
     return rounds, ticks
 
@@ -222,6 +227,18 @@ def test_a_lasting_blocking_wait_ticks_every_tick(monkeypatch: pytest.MonkeyPatc
     assert ticks == pytest.approx([world.start + k * liveness.TICK_S for k in (1, 2, 3)])
     assert all(0 < t <= liveness.TICK_S + 1e-9 for t in rounds[0].timeouts)
     assert len(rounds[1].timeouts) == 1            # done by then: one look, no tick
+
+
+def test_blocking_waits_that_end_early_or_late_tick_once_a_tick_has_passed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Waits end at half their timeout, then 1.3 times it: no tick before its time, and
+    # one as soon as a wait ends after it, counted from then.
+    world = World(done_after=5 * liveness.TICK_S)
+    rounds, ticks = run_blocking(world, monkeypatch, lengths=(0.5, 1.3))
+    times = [world.start] + ticks
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(ticks) == 4 and all(liveness.TICK_S <= g < 1.4 * liveness.TICK_S for g in gaps)
+    assert len(rounds[0].timeouts) == 9
 
 
 def test_a_round_without_wait_for_among_blocking_ones_is_polled(
