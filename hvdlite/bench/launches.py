@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from hvdlite.runner.gloo import torchrun_here
+
 
 @dataclass(frozen=True)
 class Method:
@@ -65,13 +67,7 @@ def mpiexec_path() -> str:
 def command_for(method: Method, np_: int) -> list[str]:
     """The launcher's command line: mpiexec, or torchrun on this host alone."""
     if method.launcher == "torchrun":
-        # torch.distributed.run is torchrun; run as a module of this Python, so the
-        # workers are too (a torchrun on PATH may belong to another environment).
-        # --standalone: its store binds a port of the kernel's choosing; a port picked
-        # free beforehand can be taken by another connection first (EADDRINUSE).
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={np_}",
-                "-m", "hvdlite.bench", *method.args]
+        return [*torchrun_here(np_), "-m", "hvdlite.bench", *method.args]
     if method.launcher != "mpiexec":
         raise ValueError(f"unknown launcher {method.launcher!r}: mpiexec or torchrun")
     return [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",

@@ -27,12 +27,20 @@ _HOROVOD_NAMES = {"HOROVOD_RANK": "RANK", "HOROVOD_SIZE": "WORLD_SIZE",
                   "HOROVOD_CROSS_RANK": "GROUP_RANK"}
 
 
+def torchrun_here(np: int) -> list[str]:
+    """torchrun for ``np`` ranks on this machine alone, run as a module of this Python so
+    that the ranks are too (a torchrun on PATH may belong to another environment).
+    --standalone: its store binds a port of the kernel's choosing; a port picked free
+    beforehand can be taken by another connection first (EADDRINUSE)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={np}"]
+
+
 def command(np: int, program: Sequence[str]) -> list[str]:
     """torchrun on this machine, ``np`` ranks, each starting ``program`` through this
     module (``--no-python``: the program is run as given, ``python train.py`` or not)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={np}", "--no-python",
-            sys.executable, "-m", "hvdlite.runner.gloo", *program]
+    return [*torchrun_here(np), "--no-python", sys.executable, "-m", "hvdlite.runner.gloo",
+            *program]
 
 
 def check(args: argparse.Namespace) -> None:
