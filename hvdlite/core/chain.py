@@ -47,30 +47,57 @@ class BackendChain:
         registry.check(config.backends)
         self._config = config
         self._make_new()
-        for backend in self._made.values():
-            if hasattr(backend, "configure"):
-                backend.configure(config)
-        ring = self._made.get("ring")
-        if ring is not None:
-            ring.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
-            ring.chunk_bytes = max(64, config.ring_chunk)   # a reconfigure changes it too
+        for name, backend in list(self._made.items()):
+            self._apply(name, backend)
         self._chains: dict[str, list[Any]] = {}
         self._picked: dict[tuple, Any] = {}
         self._picks: dict[tuple, Any] = {}
 
+    def _apply(self, name: str, backend: Any) -> None:
+        if hasattr(backend, "configure"):
+            backend.configure(self._config)
+        if name == "ring":
+            config = self._config
+            backend.min_bytes = config.ring_threshold if config.allreduce == "auto" else 0
+            backend.chunk_bytes = max(64, config.ring_chunk)   # a reconfigure changes it too
+
     def _make_new(self) -> None:
-        """Backends registered since the last build, made and serving every open set;
-        those unregistered since, closed and dropped."""
-        current = {entry.name: entry for entry in registry.entries() if entry.factory}
-        for name in [n for n in self._made if n not in current]:
+        """Backends registered since the last build, made and serving every open set
+        (``_make``); those unregistered since, closed and dropped. The MPI-based host
+        backends wait for the first set, and are made only if it is an MPI
+        communicator: on torchrun's world they are never asked, and making them imports
+        mpi4py's MPI, which starts an MPI in every worker."""
+        self._entries = {entry.name: entry for entry in registry.entries() if entry.factory}
+        for name in [n for n in self._made if n not in self._entries]:
             backend = self._made.pop(name)
             for set_id in self._comms:
                 backend.close_set(set_id)
-        for name, entry in current.items():
-            if name not in self._made:
-                backend = self._made[name] = entry.factory(self._config)
-                for set_id, comm in self._comms.items():
-                    backend.open_set(set_id, comm)
+        self._make_wanted()
+
+    def _make_wanted(self) -> None:
+        mpi_world = bool(self._comms) and not self._on_transport()
+        for name, entry in self._entries.items():
+            if name not in self._made and (mpi_world or not self._on_mpi(entry)):
+                self._make(name)
+
+    @staticmethod
+    def _on_mpi(entry: Any) -> bool:
+        return entry.builtin and entry.name in _HOST_BUILTIN
+
+    def _on_transport(self) -> bool:
+        """Whether the world is another transport's (torchrun's Gloo), not MPI's."""
+        return any(hasattr(c, "allreduce_array") for c in self._comms.values())
+
+    def _make(self, name: str) -> Any:
+        """The backend ``name``, made, configured and serving every open set if new."""
+        backend = self._made.get(name)
+        if backend is None:
+            backend = self._entries[name].factory(self._config)
+            self._apply(name, backend)
+            for set_id, comm in self._comms.items():
+                backend.open_set(set_id, comm)
+            self._made[name] = backend
+        return backend
 
     def chain_for(self, device_type: str) -> list[Any]:
         """The backends asked for ``device_type``, in order."""
@@ -79,7 +106,7 @@ class BackendChain:
             names = registry.preferred(self._config.backends, device_type)
             names += [e.name for e in registry.entries() if e.serves(device_type)
                       and e.name not in names and self._asked(e)]
-            chain = self._chains[device_type] = [self._made[n] for n in names if n in self._made]
+            chain = self._chains[device_type] = [self._make(n) for n in names if n in self._entries]
         return chain
 
     def _asked(self, entry: Any) -> bool:
@@ -88,7 +115,7 @@ class BackendChain:
         another transport's world its own backend alone (the MPI ones step aside)."""
         if not entry.builtin:
             return True
-        on_transport = any(hasattr(c, "allreduce_array") for c in self._comms.values())
+        on_transport = self._on_transport()
         if entry.name == _ON_TRANSPORT:
             return on_transport
         if entry.name in _HOST_BUILTIN:
@@ -101,10 +128,11 @@ class BackendChain:
         return self.every_backend()
 
     def backend(self, name: str) -> Any:
-        return self._made[name]
+        """The backend ``name``, made if no chain has asked it yet."""
+        return self._make(name)
 
     def every_backend(self) -> list[Any]:
-        """Every backend made, in the registry's order."""
+        """Every backend made so far, in the registry's order."""
         return [self._made[e.name] for e in registry.entries() if e.name in self._made]
 
     def _counting(self) -> list[Any]:
@@ -135,6 +163,7 @@ class BackendChain:
         self._picked.clear()
         for backend in self.every_backend():
             backend.open_set(set_id, comm)
+        self._make_wanted()        # the first set tells whether the world is MPI's
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)

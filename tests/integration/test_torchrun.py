@@ -76,6 +76,18 @@ def test_hvdlite_runs_under_torchrun_without_mpi4py() -> None:
         assert f"OK rank {rank} of 3 mpi4py_loaded=False local={rank}/3" in output, output
 
 
+def test_hvdlite_under_torchrun_starts_no_mpi_where_mpi4py_is_installed() -> None:
+    """The MPI-based host backends are never asked on torchrun's world; made anyway,
+    they imported mpi4py's MPI, which started a singleton MPI in every worker (and with
+    it, now and then, an abort at exit: 'terminate called without an active
+    exception')."""
+    pytest.importorskip("mpi4py", reason="needs mpi4py installed (the Gloo venv has none)")
+    output = torchrun("collectives", 3)       # three: a process set that is not the world
+    for rank in range(3):
+        assert f"MPI rank {rank} started=False" in output, output
+        assert f"OK rank {rank} of 3 mpi4py_loaded=" in output, output
+
+
 @pytest.mark.parametrize("nproc", [3])     # uneven splits among three ranks
 def test_alltoall_runs_on_the_torch_transport_as_numpy_says(nproc: int) -> None:
     output = torchrun("alltoall", nproc, without_mpi4py=True)

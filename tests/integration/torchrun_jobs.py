@@ -51,6 +51,8 @@ def collectives() -> None:
         pair = hvd.allreduce(np.array([rank + 1.0]), op=hvd.Sum, name="pair", process_set=ends)
         assert pair.tolist() == [float(size + 1)]
     assert hvd.remove_process_set(ends)
+    # Not even where mpi4py is installed: importing its MPI module starts an MPI.
+    print(f"MPI rank {rank} started={'mpi4py.MPI' in sys.modules}", flush=True)
     print(f"OK rank {rank} of {size} mpi4py_loaded={'mpi4py' in sys.modules} "
           f"local={hvd.local_rank()}/{hvd.local_size()}", flush=True)
     hvd.shutdown()

@@ -3,6 +3,7 @@ device plugins' backends joining the front of the chain for every open set, and 
 byte totals over every backend."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 import numpy as np
@@ -130,3 +131,38 @@ def test_traffic_totals_add_every_backend_and_count_estimates() -> None:
     assert chain.traffic_totals() == (16, 26, 32)
     assert chain.traffic()["ring"]["kinds"]["allreduce"] == {"calls": 1, "sent": 4,
                                                              "received": 6}
+
+
+def test_on_another_transports_world_the_mpi_backends_are_never_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made, they would import mpi4py's MPI, which starts an MPI in every torchrun
+    worker; on an MPI world every host backend is made when the world set opens."""
+    from hvdlite.backends import registry
+    made: list[str] = []
+    entries = []
+    for entry in registry.entries():
+        if entry.factory is not None:
+            def factory(config: Any, _make: Any = entry.factory, _name: str = entry.name) -> Any:
+                made.append(_name)
+                return _make(config)
+            entry = dataclasses.replace(entry, factory=factory)
+        entries.append(entry)
+    monkeypatch.setattr(registry, "entries", lambda: list(entries))
+
+    class World:                    # a transport: it has the data collectives
+        rank, size = 0, 2
+
+        def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
+            buf *= self.size
+
+    chain = _chain()
+    chain.open_set(0, World())
+    assert _picked(chain, 64) == "transport"
+    chain.configure(Config.load({}, allreduce="ring"))
+    assert _picked(chain, 1 << 20) == "transport"
+    assert made == ["transport"]
+
+    made.clear()
+    mpi_chain = _chain()
+    mpi_chain.open_set(0, RecordingComm(2))
+    assert set(made) == {"transport", "adasum", "ps", "ring", "mpi"}
