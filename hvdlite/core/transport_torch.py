@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hvdlite.core.handoff import HANDOFF
 from hvdlite.core.store_channel import StoreChannel
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
@@ -38,23 +39,29 @@ _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
 
 
 class TorchPending:
-    """A torch Work as a Pending; holds the tensors the operation reads or writes, which
-    must outlive it. A failed operation raises from the ``Test`` that sees it end."""
+    """A torch Work as a Pending; holds the tensors the operation reads or writes until
+    it is complete, then only HANDOFF watches them, until Gloo's thread has let go of
+    them too (hvdlite/core/handoff.py). A failed operation raises from the ``Test``
+    that sees it end."""
 
-    def __init__(self, work: Any, *keep: Any) -> None:
+    def __init__(self, work: Any, *keep: torch.Tensor) -> None:
         self._work, self._keep = work, keep
         self._done = False
 
     def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
         if not self._done and self._work.is_completed():
-            self._work.wait()
-            self._done, self._keep = True, ()
+            self.wait()
         return self._done
 
     def wait(self) -> None:
         """Blocking, for the data collectives (the engine is inside one anyway)."""
         self._work.wait()
-        self._done, self._keep = True, ()
+        self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        HANDOFF.watch(self._keep)
+        self._keep = ()
 
 
 def _reduce_options(op: Any) -> Any:
@@ -67,19 +74,22 @@ def _reduce_options(op: Any) -> Any:
 # dist.all_reduce, whose checks cost more than Gloo's own allreduce at one rank
 # (25 us against 17 us a call, measured here).
 _BAND = _reduce_options(dist.ReduceOp.BAND)
+# Gloo lets go of a tensor a moment after its operation completes; a tensor something
+# else holds a view of would be waited on in vain.
+_RELEASE_WAIT_S = 2.0
 _OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
 
 
 class TorchRound:
     def __init__(self, group: Any, vector: array.array) -> None:
-        self._group = group
-        # The vector's own memory: the reduction lands where the engine reads it.
-        # int64, not uint64: Gloo's bitwise AND is the same on either.
-        self._tensor = torch.frombuffer(vector, dtype=torch.int64)
-        self._tensors = [self._tensor]
+        self._group, self._vector = group, vector
 
     def start(self) -> TorchPending:
-        return TorchPending(self._group.allreduce(self._tensors, _BAND), self._tensor)
+        # The vector's own memory: the reduction lands where the engine reads it.
+        # int64, not uint64: Gloo's bitwise AND is the same on either. A tensor of each
+        # round's own, which only the round holds (hvdlite/core/handoff.py).
+        tensor = torch.frombuffer(self._vector, dtype=torch.int64)
+        return TorchPending(self._group.allreduce([tensor], _BAND), tensor)
 
     def free(self) -> None:
         pass
@@ -110,22 +120,22 @@ class TorchTransport:
     def band_round(self, vector: array.array) -> TorchRound:
         return TorchRound(self.group, vector)
 
+    # The small objects travel as bytes in tensors of hvdlite's own (not torch's
+    # all_gather_object), which HANDOFF watches until Gloo has let go of them.
     def allgather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return self._ours(out)
+        parts = self._gather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), _block)
+        return [pickle.loads(p) for p in parts]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.members[root], group=self.group)
-        return box[0]
+        return self._bcast(obj, root, _block)
 
     def _gather_bytes(self, data: bytes, wait: Await) -> list[bytes]:
         """Every rank's bytes, in our rank order, on every rank: Gloo's all_gather wants
         equal sizes, so the sizes first, then the data padded to the longest."""
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         mine = torch.tensor([len(data)], dtype=torch.int64)
-        wait([TorchPending(dist.all_gather(sizes, mine, group=self.group, async_op=True))])
+        wait([TorchPending(dist.all_gather(sizes, mine, group=self.group, async_op=True),
+                           mine, *sizes)])
         longest = max(int(s[0]) for s in sizes)
         if longest == 0:        # nothing from anyone (an allgather of empty arrays)
             return [b""] * self.size
@@ -133,7 +143,8 @@ class TorchTransport:
         if data:                # torch.frombuffer refuses an empty buffer
             padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
-        wait([TorchPending(dist.all_gather(out, padded, group=self.group, async_op=True))])
+        wait([TorchPending(dist.all_gather(out, padded, group=self.group, async_op=True),
+                           padded, *out)])
         return self._ours([o[: int(s[0])].numpy().tobytes() for o, s in zip(out, sizes)])
 
     def gather_awaited(self, obj: Any, wait: Await) -> Optional[list[Any]]:
@@ -141,15 +152,20 @@ class TorchTransport:
         return [pickle.loads(p) for p in parts] if self.rank == 0 else None
 
     def bcast_awaited(self, obj: Any, wait: Await) -> Any:
-        root = self.members[0]
-        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if self.rank == 0 else b""
+        return self._bcast(obj, 0, wait)
+
+    def _bcast(self, obj: Any, ours: int, wait: Await) -> Any:
+        root = self.members[ours]
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if self.rank == ours else b""
         size = torch.tensor([len(data)], dtype=torch.int64)
-        wait([TorchPending(dist.broadcast(size, src=root, group=self.group, async_op=True))])
+        wait([TorchPending(dist.broadcast(size, src=root, group=self.group, async_op=True),
+                           size)])
         buf = torch.zeros(int(size[0]), dtype=torch.uint8)
-        if self.rank == 0:
+        if self.rank == ours and data:
             buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        wait([TorchPending(dist.broadcast(buf, src=root, group=self.group, async_op=True))])
-        return obj if self.rank == 0 else pickle.loads(buf.numpy().tobytes())
+        wait([TorchPending(dist.broadcast(buf, src=root, group=self.group, async_op=True),
+                           buf)])
+        return obj if self.rank == ours else pickle.loads(buf.numpy().tobytes())
 
     def _split(self, color: Optional[Hashable], key: int) -> Optional[TorchTransport]:
         if self.size != dist.get_world_size():
@@ -236,11 +252,12 @@ class TorchTransport:
             self._allreduce(_tensor(buf, self.rank), op)
 
     def _allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        self.group.allreduce([tensor], _OPTIONS[op]).wait()
+        TorchPending(self.group.allreduce([tensor], _OPTIONS[op]), tensor).wait()
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
-        raw = buf.reshape(-1).view(np.uint8)     # any dtype travels as bytes
-        dist.broadcast(torch.from_numpy(raw), src=self.members[root], group=self.group)
+        raw = torch.from_numpy(buf.reshape(-1).view(np.uint8))   # any dtype, as bytes
+        TorchPending(dist.broadcast(raw, src=self.members[root], group=self.group,
+                                    async_op=True), raw).wait()
 
     def allgather_array(self, send: np.ndarray, recv: np.ndarray,
                         counts: Sequence[int]) -> None:
@@ -266,9 +283,12 @@ class TorchTransport:
         ours_of = sorted(range(self.size), key=lambda r: self._torch_index[r])  # torch -> ours
         sent = _reordered(send.reshape(-1).view(np.uint8), out, ours_of)
         got = np.empty(recv.nbytes, dtype=np.uint8)
-        dist.all_to_all_single(torch.from_numpy(got), torch.from_numpy(sent),
-                               output_split_sizes=[into[r] for r in ours_of],
-                               input_split_sizes=[out[r] for r in ours_of], group=self.group)
+        got_tensor, sent_tensor = torch.from_numpy(got), torch.from_numpy(sent)
+        TorchPending(dist.all_to_all_single(got_tensor, sent_tensor,
+                                            output_split_sizes=[into[r] for r in ours_of],
+                                            input_split_sizes=[out[r] for r in ours_of],
+                                            group=self.group, async_op=True),
+                     got_tensor, sent_tensor).wait()
         target = recv.reshape(-1).view(np.uint8)
         bounds = np.cumsum([0] + [into[r] for r in ours_of])
         where = np.cumsum([0] + into)
@@ -338,6 +358,9 @@ def initialize() -> None:
 def _destroy_world() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Gloo's threads outlive the groups hvdlite holds; before the interpreter finalizes,
+    # they must have let go of every tensor hvdlite gave them (hvdlite/core/handoff.py).
+    HANDOFF.await_released(_RELEASE_WAIT_S)
 
 
 def world_rank() -> int:

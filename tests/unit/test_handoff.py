@@ -1,0 +1,135 @@
+"""hvdlite/core/handoff.py: tensors handed to Gloo's threads are watched until Gloo has
+let go of them, and the exit hook waits for that before the interpreter finalizes
+(a Gloo thread that releases the last reference during finalization aborts the
+process: 'terminate called without an active exception')."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hvdlite.core import handoff
+from hvdlite.core.handoff import Handoff
+
+
+class Tensor:
+    """A tensor whose Python object dies once Gloo gives back the last reference."""
+
+
+class Gloo:
+    """What Gloo's thread holds: the tensors of operations it has not let go of."""
+
+    def __init__(self, *tensors: Tensor) -> None:
+        self.held = list(tensors)
+
+    def let_go(self, after_s: float = 0.0) -> threading.Thread:
+        def later() -> None:
+            time.sleep(after_s)
+            self.held.clear()
+        thread = threading.Thread(target=later)
+        thread.start()
+        return thread
+
+
+def test_a_tensor_is_watched_until_gloo_lets_go_of_it() -> None:
+    book = Handoff()
+    gloo = Gloo(Tensor(), Tensor())
+    book.watch(gloo.held)
+    assert book.alive() == 2
+    gloo.held.pop()
+    assert book.alive() == 1
+    gloo.let_go().join()
+    assert book.alive() == 0
+
+
+def test_watch_forgets_those_gone_first() -> None:
+    book = Handoff()
+    book.watch([Tensor()])                        # nobody else holds it: gone at once
+    gloo = Gloo(Tensor())
+    book.watch(gloo.held)
+    assert [ref() for ref in book._watched] == gloo.held
+
+
+def test_await_released_returns_once_gloo_lets_go() -> None:
+    book = Handoff()
+    gloo = Gloo(Tensor())
+    book.watch(gloo.held)
+    thread = gloo.let_go(after_s=0.05)
+    started = time.monotonic()
+    assert book.await_released(5.0) is True
+    assert time.monotonic() - started >= 0.04
+    thread.join()
+
+
+def test_await_released_gives_up_after_its_timeout() -> None:
+    book = Handoff()
+    gloo = Gloo(Tensor())
+    book.watch(gloo.held)
+    started = time.monotonic()
+    assert book.await_released(0.05) is False
+    assert 0.04 <= time.monotonic() - started < 2.0
+
+
+def test_the_watched_list_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handoff, "_MOST", 3)
+    book = Handoff()
+    gloo = Gloo(*[Tensor() for _ in range(6)])
+    for tensor in gloo.held:
+        book.watch([tensor])
+    assert book.alive() == 3 and [ref() for ref in book._watched] == gloo.held[-3:]
+
+
+def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own Work: while it lives it holds the tensor; once it is gone, nothing."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from hvdlite.core import transport_torch
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    book = Handoff()
+    monkeypatch.setattr(transport_torch, "HANDOFF", book)
+    out = np.zeros(5, dtype=np.float32)
+    tensor = torch.from_numpy(out)
+    pending = transport_torch.TorchPending(group.allreduce([tensor]), tensor)
+    work = pending._work
+    del tensor
+    pending.wait()
+    assert book.alive() == 1                      # the Work, alive here, holds it
+    del work, pending
+    assert book.await_released(5.0) is True       # Gloo let go: the tensor is gone
+
+
+def test_the_exit_hook_waits_for_gloo_to_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch.distributed")
+    from hvdlite.core import transport_torch
+    book = Handoff()
+    monkeypatch.setattr(transport_torch, "HANDOFF", book)
+    monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: False)
+    gloo = Gloo(Tensor())
+    book.watch(gloo.held)
+    thread = gloo.let_go(after_s=0.1)
+    started = time.monotonic()
+    transport_torch._destroy_world()
+    assert time.monotonic() - started >= 0.09 and book.alive() == 0
+    thread.join()
+
+
+def test_a_completed_operation_keeps_its_tensors_no_longer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch.distributed")
+    from hvdlite.core import transport_torch
+    book = Handoff()
+    monkeypatch.setattr(transport_torch, "HANDOFF", book)
+
+    class Work:
+        def is_completed(self) -> bool:
+            return True
+
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+    gloo = Gloo(Tensor())
+    pending = transport_torch.TorchPending(Work(), *gloo.held)
+    assert pending.Test() is True
+    assert pending._keep == () and [ref() for ref in book._watched] == gloo.held
