@@ -50,7 +50,19 @@ class Pending(Protocol):
         ...
 
 
-# How the engine waits on pending operations (waiting.RoundWaiter.wait): polling them
+class BlockingPending(Pending, Protocol):
+    """A pending operation that a library runs on threads of its own (torch's Gloo),
+    which the engine can wait on blocked instead of polling (waiting.RoundWaiter): a
+    poll there only tests a flag, and each poll is a wake-up taken from training."""
+
+    def wait_for(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds; True once complete. A failed operation
+        raises its error."""
+        ...
+
+
+# How the engine waits on pending operations (waiting.RoundWaiter.wait): polling them,
+# or blocked on them (BlockingPending),
 # while it runs the stall inspector and the liveness check.
 Await = Callable[[Sequence[Pending]], None]
 

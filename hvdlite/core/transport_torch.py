@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import datetime
 import functools
 import os
 import pickle
@@ -62,6 +63,22 @@ class TorchPending:
         self._done = True
         HANDOFF.watch(self._keep)
         self._keep = ()
+
+    def wait_for(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` (at least 1 ms: torch counts whole milliseconds,
+        and 0 is no limit), the GIL released; True once complete."""
+        if self._done:
+            return True
+        try:
+            self._work.wait(datetime.timedelta(milliseconds=max(1, round(timeout_s * 1e3))))
+        except RuntimeError:
+            if not self._work.is_completed():     # timed out: torch raises for that too
+                return False
+            # It ended as the wait timed out: a wait now returns, or raises the
+            # operation's own failure.
+            self._work.wait()
+        self._finish()
+        return True
 
 
 def _reduce_options(op: Any) -> Any:

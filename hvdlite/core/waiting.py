@@ -5,7 +5,8 @@ A waiting engine busy-polls only while someone waits on the result: a user
 thread blocked in ``synchronize()``, or local work submitted during the wait
 (the first gradient of a step). Otherwise it sleeps in growing pauses, leaving
 the CPU to training, which on a core per rank would lose whatever a spinning
-engine takes. Its pauses end early when a user thread rings the doorbell.
+engine takes. Its pauses end early when a user thread rings the doorbell. Rounds
+that a library runs on threads of its own (torch's Gloo) it waits on blocked.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from hvdlite.core import liveness
-from hvdlite.core.transport import Pending
+from hvdlite.core.transport import BlockingPending, Pending
 
 _PR_SET_TIMERSLACK = 29
 # The wait schedule: spin in slices short enough to notice completion within a
@@ -201,8 +202,13 @@ class RoundWaiter:
         Otherwise the CPU belongs to the training thread, which on a core per rank
         would lose whatever a spinning engine takes.
         A wait that lasts runs on_tick every liveness.TICK_S: the stall
-        inspector, and the check that fails everything if a peer is gone."""
+        inspector, and the check that fails everything if a peer is gone.
+        Requests that all have ``wait_for`` (BlockingPending) are waited on blocked
+        instead, with the same ticks."""
         requests = list(requests)
+        if all(hasattr(request, "wait_for") for request in requests):
+            self._block(requests)
+            return
         budget = self.config.spin_time * 1e-6
         pause = FIRST_PAUSE_S
         longest = longest_pause(self.config.cycle_time)
@@ -236,3 +242,18 @@ class RoundWaiter:
             elif now >= next_tick:
                 self._on_tick(started, now)
                 next_tick = now + liveness.TICK_S
+
+    def _block(self, requests: Sequence[BlockingPending]) -> None:
+        """Wait blocked on each request in turn, waking every liveness.TICK_S for
+        on_tick. Polled instead, a Gloo round cost its waiter a wake-up every 250 us:
+        ~200 a round of the transformer at np=4 on 2 cores, whose rounds wait ~0.1 s
+        for ranks still in their backward pass (BENCHMARKS.md, "rounds on Gloo wait
+        blocked")."""
+        started = time.monotonic()
+        next_tick = started + liveness.TICK_S
+        for request in requests:
+            while not request.wait_for(next_tick - time.monotonic()):
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._on_tick(started, now)
+                    next_tick = now + liveness.TICK_S

@@ -170,6 +170,91 @@ def test_work_queued_before_the_wait_does_not_count_as_new(
     assert world.pauses()[:3] == [20, 40, 80] and world.pauses("sleep") == []
 
 
+class BlockingRound:
+    """A round that a library completes on its own threads (torch's Gloo): the waiter
+    blocks in ``wait_for``, here advancing the fake clock by what it asks, or by the
+    next of ``lengths`` (fractions of it: a real wait may end early, or late)."""
+
+    def __init__(self, world: World, lengths: tuple[float, ...] = (1.0,)) -> None:
+        self.world = world
+        self.timeouts: list[float] = []
+        self._lengths = lengths
+
+    def Test(self) -> bool:  # noqa: N802
+        raise AssertionError("a blocking round is waited on, not polled")
+
+    def wait_for(self, timeout_s: float) -> bool:
+        length = self._lengths[len(self.timeouts) % len(self._lengths)]
+        self.timeouts.append(timeout_s)
+        world = self.world
+        world.now = min(world.now + max(timeout_s, 1e-3) * length,
+                        max(world.now, world.done_at))
+        return world.now >= world.done_at
+
+
+def run_blocking(world: World, monkeypatch: pytest.MonkeyPatch, count: int = 1,
+                 waiting_users: int = 1, lengths: tuple[float, ...] = (1.0,)
+                 ) -> tuple[list[BlockingRound], list[float]]:
+    """One wait on ``count`` blocking rounds; the rounds and the times of on_tick calls."""
+    monkeypatch.setattr(waiting, "time", SimpleNamespace(
+        perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
+    ticks: list[float] = []
+
+    def on_tick(started: float, now: float) -> None:
+        assert started == world.start
+        ticks.append(now)
+    config = SimpleNamespace(spin_time=1000.0, cycle_time=1.0)
+    waiter = RoundWaiter(config, SimpleNamespace(waiting=waiting_users), on_tick,
+                         world, lambda: len(world.queue))  # type: ignore[arg-type]
+    rounds = [BlockingRound(world, lengths) for _ in range(count)]
+    waiter.wait(rounds)
+    return rounds, ticks
+
+
+def test_a_blocking_round_is_waited_on_blocked_neither_polled_nor_spun(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Even with a user waiting and a spin budget: spinning would not progress it.
+    world = World(done_after=0.05)
+    rounds, ticks = run_blocking(world, monkeypatch)
+    assert ticks == [] and world.events == [] and world.tests == 0
+    assert rounds[0].timeouts == pytest.approx([liveness.TICK_S])
+    assert world.now == pytest.approx(world.done_at)
+
+
+def test_a_lasting_blocking_wait_ticks_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(done_after=3.5 * liveness.TICK_S)
+    rounds, ticks = run_blocking(world, monkeypatch, count=2)
+    assert ticks == pytest.approx([world.start + k * liveness.TICK_S for k in (1, 2, 3)])
+    assert all(0 < t <= liveness.TICK_S + 1e-9 for t in rounds[0].timeouts)
+    assert len(rounds[1].timeouts) == 1            # done by then: one look, no tick
+
+
+def test_blocking_waits_that_end_early_or_late_tick_once_a_tick_has_passed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Waits end at half their timeout, then 1.3 times it: no tick before its time, and
+    # one as soon as a wait ends after it, counted from then.
+    world = World(done_after=5 * liveness.TICK_S)
+    rounds, ticks = run_blocking(world, monkeypatch, lengths=(0.5, 1.3))
+    times = [world.start] + ticks
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(ticks) == 4 and all(liveness.TICK_S <= g < 1.4 * liveness.TICK_S for g in gaps)
+    assert len(rounds[0].timeouts) == 9
+
+
+def test_a_round_without_wait_for_among_blocking_ones_is_polled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(done_after=0.0003)
+    monkeypatch.setattr(waiting, "all_done", lambda requests: world.Testall(["round"]))
+    blocking = BlockingRound(world)
+    monkeypatch.setattr(waiting, "time", SimpleNamespace(
+        perf_counter=world.perf_counter, monotonic=world.monotonic, sleep=world.sleep))
+    waiter = RoundWaiter(SimpleNamespace(spin_time=0.0, cycle_time=1.0),
+                         SimpleNamespace(waiting=0), lambda s, n: None, world,
+                         lambda: 0)  # type: ignore[arg-type]
+    waiter.wait([blocking, object()])
+    assert blocking.timeouts == [] and world.pauses()[:3] == [20, 40, 80]
+
+
 @pytest.mark.skipif(not hasattr(ctypes, "CDLL"), reason="no ctypes")
 def test_precise_sleeps_sets_this_threads_timer_slack_to_1_us() -> None:
     try:
