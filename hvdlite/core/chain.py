@@ -77,11 +77,11 @@ class BackendChain:
     def _make_wanted(self) -> None:
         mpi_world = bool(self._comms) and not self._on_transport()
         for name, entry in self._entries.items():
-            if name not in self._made and (mpi_world or not self._on_mpi(entry)):
+            if name not in self._made and (mpi_world or not self._mpi_based(entry)):
                 self._make(name)
 
     @staticmethod
-    def _on_mpi(entry: Any) -> bool:
+    def _mpi_based(entry: Any) -> bool:
         return entry.builtin and entry.name in _HOST_BUILTIN
 
     def _on_transport(self) -> bool:

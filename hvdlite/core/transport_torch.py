@@ -41,9 +41,9 @@ _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
 
 class TorchPending:
     """A torch Work as a Pending; holds the tensors the operation reads or writes until
-    it is complete, then only HANDOFF watches them, until Gloo's thread has let go of
-    them too (hvdlite/core/handoff.py). A failed operation raises from the ``Test``
-    that sees it end."""
+    it is complete, then HANDOFF holds them, until Gloo's thread has let go of them too
+    (hvdlite/core/handoff.py). A failed operation raises from the ``Test`` that sees
+    it end."""
 
     def __init__(self, work: Any, *keep: torch.Tensor) -> None:
         self._work, self._keep = work, keep
@@ -61,7 +61,7 @@ class TorchPending:
 
     def _finish(self) -> None:
         self._done = True
-        HANDOFF.watch(self._keep)
+        HANDOFF.hold(self._keep)
         self._keep = ()
 
     def wait_for(self, timeout_s: float) -> bool:
@@ -91,9 +91,6 @@ def _reduce_options(op: Any) -> Any:
 # dist.all_reduce, whose checks cost more than Gloo's own allreduce at one rank
 # (25 us against 17 us a call, measured here).
 _BAND = _reduce_options(dist.ReduceOp.BAND)
-# Gloo lets go of a tensor a moment after its operation completes; a tensor something
-# else holds a view of would be waited on in vain.
-_RELEASE_WAIT_S = 2.0
 _OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
 
 
@@ -138,7 +135,7 @@ class TorchTransport:
         return TorchRound(self.group, vector)
 
     # The small objects travel as bytes in tensors of hvdlite's own (not torch's
-    # all_gather_object), which HANDOFF watches until Gloo has let go of them.
+    # all_gather_object), which HANDOFF holds until Gloo has let go of them.
     def allgather(self, obj: Any) -> list[Any]:
         parts = self._gather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), _block)
         return [pickle.loads(p) for p in parts]
@@ -178,7 +175,7 @@ class TorchTransport:
         wait([TorchPending(dist.broadcast(size, src=root, group=self.group, async_op=True),
                            size)])
         buf = torch.zeros(int(size[0]), dtype=torch.uint8)
-        if self.rank == ours and data:
+        if self.rank == ours:
             buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         wait([TorchPending(dist.broadcast(buf, src=root, group=self.group, async_op=True),
                            buf)])
@@ -358,25 +355,34 @@ def _store_prefix(environ: Any = None) -> str:
     return f"/hvdlite/attempt_{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
+# Gloo lets go of a tensor a moment after its operation completes; a tensor something
+# else holds a view of would be waited on in vain.
+_RELEASE_WAIT_S = 2.0
+_exit_hook = {"registered": False, "destroys_world": False}
+
+
 def initialize() -> None:
     """The default process group, over Gloo, from torchrun's variables; one the program
-    made itself (any backend) is used as it is."""
+    made itself (any backend) is used as it is, and left to it to tear down."""
     if not dist.is_initialized():
         store, rank, size = next(dist.rendezvous("env://"))
         dist.init_process_group("gloo", store=dist.PrefixStore(_store_prefix(), store),
                                 rank=rank, world_size=size)
-        # Ours to tear down, before the interpreter's own teardown: left to exit-time
-        # destructors, Gloo's threads can abort the process ("terminate called without
-        # an active exception", exit -6) after a job that did everything right. atexit
-        # runs this after hvdlite's shutdown, registered later by init().
-        atexit.register(_destroy_world)
+        _exit_hook["destroys_world"] = True
+    if not _exit_hook["registered"]:
+        # Registered before init()'s own hook, so atexit runs it after hvdlite's
+        # shutdown; whoever made the groups, Gloo's threads must let go of hvdlite's
+        # tensors before the interpreter finalizes.
+        atexit.register(_at_exit)
+        _exit_hook["registered"] = True
 
 
-def _destroy_world() -> None:
-    if dist.is_initialized():
+def _at_exit() -> None:
+    """Destroy the groups if hvdlite made them; then wait until Gloo's threads, which
+    outlive them, have let go of every tensor hvdlite gave them (hvdlite/core/handoff.py).
+    In that order: the wait after the last of Gloo's work, the teardown's own too."""
+    if _exit_hook["destroys_world"] and dist.is_initialized():
         dist.destroy_process_group()
-    # Gloo's threads outlive the groups hvdlite holds; before the interpreter finalizes,
-    # they must have let go of every tensor hvdlite gave them (hvdlite/core/handoff.py).
     HANDOFF.await_released(_RELEASE_WAIT_S)
 
 

@@ -1,4 +1,4 @@
-"""hvdlite/core/handoff.py: tensors handed to Gloo's threads are watched until Gloo has
+"""hvdlite/core/handoff.py: tensors handed to Gloo's threads are held until Gloo has
 let go of them, and the exit hook waits for that before the interpreter finalizes
 (a Gloo thread that releases the last reference during finalization aborts the
 process: 'terminate called without an active exception')."""
@@ -16,7 +16,7 @@ from hvdlite.core.handoff import Handoff
 
 
 class Tensor:
-    """A tensor whose Python object dies once Gloo gives back the last reference."""
+    """A tensor's Python object, which torch refers to while Gloo holds the tensor."""
 
 
 class Gloo:
@@ -34,10 +34,10 @@ class Gloo:
         return thread
 
 
-def test_a_tensor_is_watched_until_gloo_lets_go_of_it() -> None:
+def test_a_tensor_is_held_until_gloo_lets_go_of_it() -> None:
     book = Handoff()
     gloo = Gloo(Tensor(), Tensor())
-    book.watch(gloo.held)
+    book.hold(gloo.held)
     assert book.alive() == 2
     gloo.held.pop()
     assert book.alive() == 1
@@ -45,18 +45,18 @@ def test_a_tensor_is_watched_until_gloo_lets_go_of_it() -> None:
     assert book.alive() == 0
 
 
-def test_watch_forgets_those_gone_first() -> None:
+def test_hold_lets_go_of_those_released_first() -> None:
     book = Handoff()
-    book.watch([Tensor()])                        # nobody else holds it: gone at once
+    book.hold([Tensor()])                         # nobody else holds it: released
     gloo = Gloo(Tensor())
-    book.watch(gloo.held)
-    assert [ref() for ref in book._watched] == gloo.held
+    book.hold(gloo.held)
+    assert book._held == gloo.held
 
 
 def test_await_released_returns_once_gloo_lets_go() -> None:
     book = Handoff()
     gloo = Gloo(Tensor())
-    book.watch(gloo.held)
+    book.hold(gloo.held)
     thread = gloo.let_go(after_s=0.05)
     started = time.monotonic()
     assert book.await_released(5.0) is True
@@ -67,19 +67,19 @@ def test_await_released_returns_once_gloo_lets_go() -> None:
 def test_await_released_gives_up_after_its_timeout() -> None:
     book = Handoff()
     gloo = Gloo(Tensor())
-    book.watch(gloo.held)
+    book.hold(gloo.held)
     started = time.monotonic()
     assert book.await_released(0.05) is False
     assert 0.04 <= time.monotonic() - started < 2.0
 
 
-def test_the_watched_list_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_held_list_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handoff, "_MOST", 3)
     book = Handoff()
     gloo = Gloo(*[Tensor() for _ in range(6)])
     for tensor in gloo.held:
-        book.watch([tensor])
-    assert book.alive() == 3 and [ref() for ref in book._watched] == gloo.held[-3:]
+        book.hold([tensor])
+    assert book.alive() == 3 and book._held == gloo.held[-3:]
 
 
 def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +98,7 @@ def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> 
     pending.wait()
     assert book.alive() == 1                      # the Work, alive here, holds it
     del work, pending
-    assert book.await_released(5.0) is True       # Gloo let go: the tensor is gone
+    assert book.await_released(5.0) is True       # Gloo let go: only the handoff holds it
 
 
 def test_the_exit_hook_waits_for_gloo_to_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,12 +108,29 @@ def test_the_exit_hook_waits_for_gloo_to_let_go(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(transport_torch, "HANDOFF", book)
     monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: False)
     gloo = Gloo(Tensor())
-    book.watch(gloo.held)
+    book.hold(gloo.held)
     thread = gloo.let_go(after_s=0.1)
     started = time.monotonic()
-    transport_torch._destroy_world()
+    transport_torch._at_exit()
     assert time.monotonic() - started >= 0.09 and book.alive() == 0
     thread.join()
+
+
+def test_the_exit_hook_is_registered_once_whoever_made_the_groups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that made its own default group (hvdlite uses it as it is, and leaves
+    its teardown to the program) still hands tensors to Gloo's threads."""
+    pytest.importorskip("torch.distributed")
+    from hvdlite.core import transport_torch
+    registered: list[Any] = []
+    monkeypatch.setattr(transport_torch.atexit, "register", registered.append)
+    monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(transport_torch, "_exit_hook",
+                        {"registered": False, "destroys_world": False})
+    transport_torch.initialize()
+    transport_torch.initialize()                  # a second init() in the process
+    assert registered == [transport_torch._at_exit]
+    assert transport_torch._exit_hook["destroys_world"] is False    # the program's own
 
 
 def test_a_completed_operation_keeps_its_tensors_no_longer(
@@ -132,4 +149,4 @@ def test_a_completed_operation_keeps_its_tensors_no_longer(
     gloo = Gloo(Tensor())
     pending = transport_torch.TorchPending(Work(), *gloo.held)
     assert pending.Test() is True
-    assert pending._keep == () and [ref() for ref in book._watched] == gloo.held
+    assert pending._keep == () and book._held == gloo.held
