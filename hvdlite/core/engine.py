@@ -63,7 +63,7 @@ class Engine(Stoppable):
         self._doorbell = waiting.Doorbell()
         self._batches = waiting.Batches(self._queue, self._doorbell)
         self.batch = self._batches.batch     # with engine.batch(): submissions go together
-        self._idle = waiting.IdleTicks()
+        self._idle = waiting.IdleTicks(transport.idle_tick_s)
         self._in_flight: dict[int, set[str]] = {}
         self._markers: dict[tuple[int, str], int] = {}   # (set, name) -> the marker's handle
         self.dead: Optional[HvdliteError] = None   # why it stopped; set once

@@ -1,11 +1,11 @@
 """Which peer is gone, found while the engine waits on a round that does not complete.
 
-Every live engine joins a negotiation round at least every 0.1 s (or every
-HVDLITE_CYCLE_TIME, if that is longer; waiting.IdleTicks), even while its user
-thread computes, so a round still incomplete after
-OVERDUE_S means some member's engine is busy in a long collective, frozen, or
-gone. While a round is overdue, each waiting engine (on its own thread, from
-Engine._await):
+Every live engine joins a negotiation round at least once per idle tick (its
+transport's ``idle_tick_s``, 0.1 s over MPI and 0.4 s over Gloo, or one
+HVDLITE_CYCLE_TIME if that is longer; waiting.IdleTicks), even while its user
+thread computes, so a round still incomplete after OVERDUE_TICKS ticks means some
+member's engine is busy in a long collective, frozen, or gone. While a round is
+overdue, each waiting engine (on its own thread, from Engine._await):
 
 1. pings every peer on the transport's private liveness channel and notes whose
    pings arrive: an engine that is waiting too is alive;
@@ -32,10 +32,12 @@ from hvdlite.core.transport import Transport
 # complete in well under this while every engine is alive, so the steady state never
 # pays for either; a stuck round is looked at ten times a second.
 TICK_S = 0.1
-# A round completes in microseconds to milliseconds while every engine is alive
-# (idle ones join at most 0.1 s apart, unless one cycle is longer);
-# past this, checking costs nothing that matters.
-OVERDUE_S = 0.5
+# While every engine is alive a round completes within one idle tick, in microseconds
+# to milliseconds once every rank has joined; past this many ticks (0.5 s over MPI,
+# 2 s over Gloo), checking costs nothing that matters. Only the wait before an
+# exited peer is found grows with the tick; a silent one is waited for
+# HVDLITE_PEER_TIMEOUT, far longer, whatever the tick.
+OVERDUE_TICKS = 5
 # Same-host process checks read one small /proc file per local peer; twice a second
 # finds an exited peer about a second after the round stalls.
 PROBE_INTERVAL_S = 0.5
@@ -47,6 +49,12 @@ PINGS_PER_TIMEOUT = 8
 MIN_PING_S, MAX_PING_S = 0.25, 2.0
 
 EXITED, STOPPED, RUNNING, UNKNOWN = "exited", "stopped", "running", "unknown"
+
+
+def patient_tick_s(idle_tick_s: float, cycle_ms: float) -> float:
+    """How long an idle engine sleeps between rounds while the world is the only
+    process set (waiting.IdleTicks): its transport's tick, or one cycle if longer."""
+    return max(idle_tick_s, cycle_ms / 1000.0)
 
 
 class RoundAbandoned(Exception):
@@ -135,10 +143,11 @@ def ping_interval(timeout: float) -> float:
 class Monitor:
     """Per-wait bookkeeping and the verdict; times are passed in (testable)."""
 
-    def __init__(self, me: int, peers: Sequence[Peer], timeout: float,
+    def __init__(self, me: int, peers: Sequence[Peer], timeout: float, *, idle_tick_s: float,
                  probe: Callable[[Peer], str] = process_state) -> None:
         self.me = me
         self.timeout = timeout
+        self.overdue_s = OVERDUE_TICKS * idle_tick_s
         self.peers = [p for p in peers if p.rank != me]
         domain = peers[me].domain
         self.local = [p for p in self.peers if domain is not None and p.domain == domain]
@@ -152,7 +161,7 @@ class Monitor:
     def overdue(self, started: float, now: float) -> bool:
         """True once the wait that began at ``started`` is overdue; a new wait
         forgets the previous one's pings and process states."""
-        if now - started < OVERDUE_S:
+        if now - started < self.overdue_s:
             return False
         if self._wait != started:
             self._wait = started
@@ -234,7 +243,11 @@ class Liveness:
         self.timeout = config.peer_timeout
         peers = world.allgather(identity(self.me))
         self.peers = peers
-        self.monitor = Monitor(self.me, peers, self.timeout)
+        # The tick as at set-up: a cycle the autotuner lengthens later (five times
+        # at most) stays far below HVDLITE_PEER_TIMEOUT, so it costs pings, never a
+        # false verdict.
+        tick = patient_tick_s(world.idle_tick_s, config.cycle_time)
+        self.monitor = Monitor(self.me, peers, self.timeout, idle_tick_s=tick)
         self.channel = world.liveness_channel()
         self.sentinel = Sentinel(self.me, peers, self.timeout, on_loss or (lambda _: None))
         if on_loss is not None:

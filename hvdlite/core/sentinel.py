@@ -23,12 +23,12 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from hvdlite.core.liveness import (EXITED, OVERDUE_S, PROBE_INTERVAL_S, TICK_S, Loss, Peer,
+from hvdlite.core.liveness import (EXITED, PROBE_INTERVAL_S, TICK_S, Loss, Peer,
                                    describe, error_message, process_state)
 
 # A collective that a peer completed before it ended completes here within
 # milliseconds; one still running this long after the end cannot complete.
-GRACE_S = OVERDUE_S
+GRACE_S = 0.5
 # An MPI error that a peer's death caused (its memory is gone) can arrive before its
 # process has ended; the engine waits this long for the end before calling the
 # error a bug.

@@ -9,6 +9,7 @@ conformance checks (``tests/transport_conformance.py``).
 What a transport provides, in the order the engine uses it:
 
 - who: ``rank`` and ``size`` within this transport's group of ranks;
+- pace: ``idle_tick_s``, how often an idle engine joins a round on it;
 - negotiation: a bitwise-AND allreduce of a vector of 64-bit words, started without
   blocking (``band_round``), so the engine can watch for lost peers while it waits;
 - small objects: pickled ``allgather`` and ``bcast`` (set-up), and ``gather_awaited``
@@ -102,6 +103,10 @@ class Transport(Protocol):
     size: int
     native: Any
     failures: tuple[type[BaseException], ...]
+    # While the world is the only process set, an idle engine joins a round once per
+    # tick (waiting.IdleTicks), and a round is overdue after a few ticks
+    # (liveness.overdue_s): longer where a round costs the ranks more CPU.
+    idle_tick_s: float
 
     # -- negotiation -------------------------------------------------------------------
     def band_round(self, vector: array.array) -> BandRound: ...

@@ -100,6 +100,8 @@ class MpiTransport:
     backends are opened on as well."""
     name = "mpi"
     failures: tuple[type[BaseException], ...] = (MPI.Exception,)
+    # An idle round is a few microseconds of MPI_Iallreduce on each rank.
+    idle_tick_s = 0.1
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.native = comm

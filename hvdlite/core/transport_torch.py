@@ -112,6 +112,10 @@ class TorchRound:
 class TorchTransport:
     name = "gloo"
     failures: tuple[type[BaseException], ...] = (RuntimeError,)   # torch's DistBackendError too
+    # An idle round here costs each rank about a millisecond of CPU on Gloo's threads
+    # (microseconds over MPI); at 0.1 s, the transformer's 0.45 s steps paid for some
+    # four rounds each that agreed nothing (BENCHMARKS.md, twelfth session).
+    idle_tick_s = 0.4
 
     def __init__(self, group: Any, members: Sequence[int]) -> None:
         self.group, self.members = group, list(members)    # global ranks, in our rank order

@@ -100,21 +100,23 @@ class IdleTicks:
     While the world is the only process set, nobody waits on an idle rank's rounds:
     every collective needs each rank's own submission, which wakes that rank at once
     (the doorbell), and a round it joins with nothing to submit agrees nothing. So it
-    is ``patient``: it sleeps the longest tick, 0.1 s (unless one cycle is longer),
-    which keeps every live engine well inside liveness.OVERDUE_S. Ticking from one
-    cycle, doubling while all were idle, cost four rounds in each step of the MLP at
-    np=4 on 2 cores, each ~80-280 us of CPU on every rank, taken from training
-    (BENCHMARKS.md, "idle ranks tick slowly").
+    is ``patient``: it sleeps a whole tick, the transport's ``idle_tick_s`` (unless one
+    cycle is longer), which liveness.overdue_s allows for. Ticking from one cycle,
+    doubling while all were idle, cost four rounds in each step of the MLP at np=4 on
+    2 cores, each ~80-280 us of CPU on every rank, taken from training (BENCHMARKS.md,
+    "idle ranks tick slowly").
 
     With smaller process sets, a member with work on one of them waits for this rank's
     next global round (an iteration waits for the rounds of all its sets): one cycle
     while any rank of its sets has work; once every rank is idle, twice as long each
-    round, up to 64 cycles and the same 0.1 s."""
+    round, up to 64 cycles and 0.1 s, whatever the transport's tick: that wait is a
+    peer's latency."""
 
     MAX_DOUBLINGS = 6
-    LONGEST_S = 0.1       # unless one cycle is longer
+    LONGEST_BACKOFF_S = 0.1       # unless one cycle is longer
 
-    def __init__(self) -> None:
+    def __init__(self, tick_s: float) -> None:
+        self._tick_s = tick_s
         self._doublings = 0
 
     def busy(self) -> None:
@@ -124,13 +126,13 @@ class IdleTicks:
     def sleep(self, cycle_ms: float, doorbell: Doorbell, ready: Callable[[], bool], *,
               patient: bool) -> None:
         """Sleep until the next tick, a ring, or ``ready()``."""
-        cycle = cycle_ms / 1000.0
-        longest = max(cycle, self.LONGEST_S)
         if patient:
-            doorbell.listen(longest, ready)
+            doorbell.listen(liveness.patient_tick_s(self._tick_s, cycle_ms), ready)
             return
+        cycle = cycle_ms / 1000.0
         backoff = 1 << min(self._doublings, self.MAX_DOUBLINGS)
         self._doublings += 1
+        longest = max(cycle, self.LONGEST_BACKOFF_S)
         doorbell.listen(min(cycle * backoff, longest), ready)
 
 

@@ -39,14 +39,18 @@ class SafeComm(MPI.Intracomm):
         self.__dict__.setdefault("ends", []).append(("Abort", errorcode))
 
 
-def engine_at_one_rank(**settings: Any) -> Engine:
-    """An engine not yet started, over a private one-rank communicator."""
-    return Engine(Config(**{**QUIET, **settings}), MpiTransport(SafeComm(MPI.COMM_SELF.Dup())))
+def engine_at_one_rank(idle_tick_s: Optional[float] = None, **settings: Any) -> Engine:
+    """An engine not yet started, over a private one-rank communicator (whose idle
+    tick is ``idle_tick_s`` if given, as another transport's would be)."""
+    transport = MpiTransport(SafeComm(MPI.COMM_SELF.Dup()))
+    if idle_tick_s is not None:
+        transport.idle_tick_s = idle_tick_s
+    return Engine(Config(**{**QUIET, **settings}), transport)
 
 
-def set_up(**settings: Any) -> Engine:
+def set_up(idle_tick_s: Optional[float] = None, **settings: Any) -> Engine:
     """An engine set up on this thread whose own thread never runs: the test drives it."""
-    engine = engine_at_one_rank(**settings)
+    engine = engine_at_one_rank(idle_tick_s, **settings)
     engine._setup()
     return engine
 
@@ -184,5 +188,5 @@ def log() -> Iterator[Records]:
 def rank_3_world(world: SimpleNamespace) -> SimpleNamespace:
     """A transport stand-in for an engine that is never set up: rank 3, whose abort
     (MPI_Abort) is recorded."""
-    return SimpleNamespace(rank=3, failures=(MPI.Exception,),
+    return SimpleNamespace(rank=3, failures=(MPI.Exception,), idle_tick_s=0.1,
                            abort=lambda code: world.ends.append(("Abort", code)))

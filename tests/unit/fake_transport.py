@@ -132,6 +132,7 @@ class FakeChannel:
 class ThreadTransport:
     name = "threads"
     failures: tuple[type[BaseException], ...] = (FakeTransportError,)
+    idle_tick_s = 0.1
 
     def __init__(self, hub: Hub, rank: int) -> None:
         self.hub, self.rank, self.size = hub, rank, hub.size

@@ -30,13 +30,15 @@ world, log = engine_rig.world, engine_rig.log   # fixtures
 
 
 # -- the idle schedule -------------------------------------------------------------------
-@pytest.mark.parametrize("cycle_ms, wait_s", [(1.5, 0.1), (200.0, 0.2)])
-def test_with_only_the_world_an_idle_engine_waits_the_longest_tick_each_time(
-        cycle_ms: float, wait_s: float) -> None:
+@pytest.mark.parametrize("idle_tick_s, cycle_ms, wait_s", [
+    (0.1, 1.5, 0.1), (0.1, 200.0, 0.2),      # MPI's tick
+    (0.4, 1.5, 0.4), (0.4, 600.0, 0.6)])     # Gloo's
+def test_with_only_the_world_an_idle_engine_waits_its_transports_tick_each_time(
+        idle_tick_s: float, cycle_ms: float, wait_s: float) -> None:
     """Nobody waits on the rounds of an idle rank when the world is the only set: its
-    peers' collectives need its own submission, which wakes it. It joins a round every
-    0.1 s (one cycle if that is longer), for liveness and shutdowns."""
-    engine = set_up(cycle_time=cycle_ms)
+    peers' collectives need its own submission, which wakes it. It joins a round once
+    per tick of its transport (one cycle if that is longer), for liveness and shutdowns."""
+    engine = set_up(idle_tick_s, cycle_time=cycle_ms)
     engine._doorbell = bell = Bell()
     for _ in range(4):
         assert engine._iteration()
@@ -53,13 +55,15 @@ def test_with_process_sets_an_idle_engine_waits_a_cycle_then_twice_as_long_up_to
     assert bell.waits == pytest.approx([0.0015 * 2 ** min(i, 6) for i in range(9)], rel=1e-9)
 
 
+@pytest.mark.parametrize("idle_tick_s", [0.1, 0.4])
 @pytest.mark.parametrize("cycle_ms, waits_ms", [(30.0, [30, 60, 100, 100]),
                                                  (200.0, [200, 200, 200])])
 def test_with_process_sets_idle_waits_stop_growing_at_a_tenth_of_a_second_or_one_cycle(
-        cycle_ms: float, waits_ms: list[float]) -> None:
-    """Liveness reads a round incomplete for 0.5 s as a rank in trouble: an idle engine
-    never sleeps past 0.1 s between rounds, unless one cycle is already longer."""
-    engine = set_up(cycle_time=cycle_ms)
+        idle_tick_s: float, cycle_ms: float, waits_ms: list[float]) -> None:
+    """A member with work on a smaller set waits for this rank's next global round: an
+    idle engine never sleeps past 0.1 s between rounds there, unless one cycle is
+    already longer, even on a transport whose patient tick is longer."""
+    engine = set_up(idle_tick_s, cycle_time=cycle_ms)
     second_set(engine)
     engine._doorbell = bell = Bell()
     for _ in waits_ms:

@@ -17,6 +17,8 @@ from tests.unit.test_exit_guard import rank_that_ended
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = ("vm", "boot-1", "pid:[4026531836]")
+TICK = 0.1                                   # MPI's idle tick
+OVERDUE = liveness.OVERDUE_TICKS * TICK
 
 
 def _ended_pid() -> int:
@@ -78,15 +80,25 @@ class _Probe:
 
 def test_nothing_is_checked_before_a_round_is_overdue() -> None:
     probe = _Probe({1: EXITED})
-    monitor = Monitor(0, _peers(2), timeout=5, probe=probe)
-    assert not monitor.overdue(100.0, 100.0 + liveness.OVERDUE_S / 2)
+    monitor = Monitor(0, _peers(2), timeout=5, probe=probe, idle_tick_s=TICK)
+    assert not monitor.overdue(100.0, 100.0 + OVERDUE / 2)
     assert probe.probed == []
+
+
+@pytest.mark.parametrize("idle_tick_s, overdue_s", [(0.1, 0.5), (0.4, 2.0)])
+def test_a_round_is_overdue_after_five_of_its_transports_idle_ticks(
+        idle_tick_s: float, overdue_s: float) -> None:
+    """An idle engine over Gloo joins a round every 0.4 s: a peer waiting that long on
+    it is no sign of trouble, and pinging then would cost every step."""
+    monitor = Monitor(0, _peers(2), timeout=5, probe=_Probe({}), idle_tick_s=idle_tick_s)
+    assert not monitor.overdue(100.0, 100.0 + overdue_s * 0.99)
+    assert monitor.overdue(100.0, 100.0 + overdue_s)
 
 
 def test_an_exited_local_peer_is_lost_as_soon_as_the_round_is_overdue() -> None:
     probe = _Probe({2: EXITED})
-    monitor = Monitor(0, _peers(3), timeout=20, probe=probe)
-    now = 100.0 + liveness.OVERDUE_S
+    monitor = Monitor(0, _peers(3), timeout=20, probe=probe, idle_tick_s=TICK)
+    now = 100.0 + OVERDUE
     assert monitor.overdue(100.0, now)
     losses = monitor.assess(now)
     assert [(loss.peer.rank, loss.how) for loss in losses] == [(2, EXITED)]
@@ -95,7 +107,7 @@ def test_an_exited_local_peer_is_lost_as_soon_as_the_round_is_overdue() -> None:
 
 def test_a_silent_peer_is_lost_only_after_the_timeout_and_heard_peers_never() -> None:
     probe = _Probe({2: STOPPED})
-    monitor = Monitor(0, _peers(3), timeout=5, probe=probe)
+    monitor = Monitor(0, _peers(3), timeout=5, probe=probe, idle_tick_s=TICK)
     start = 100.0
     for now in (start + 1, start + 3, start + 4.9):
         assert monitor.overdue(start, now)
@@ -109,7 +121,7 @@ def test_a_silent_peer_is_lost_only_after_the_timeout_and_heard_peers_never() ->
 
 def test_remote_peers_are_never_probed_and_only_time_out() -> None:
     probe = _Probe({})
-    monitor = Monitor(0, _peers(3, remote=(2,)), timeout=5, probe=probe)
+    monitor = Monitor(0, _peers(3, remote=(2,)), timeout=5, probe=probe, idle_tick_s=TICK)
     monitor.overdue(100.0, 101.0)
     monitor.heard(1, 104.0)
     assert monitor.assess(101.0) == [] and probe.probed == [1]
@@ -118,13 +130,13 @@ def test_remote_peers_are_never_probed_and_only_time_out() -> None:
 
 
 def test_timeout_zero_reports_exits_only() -> None:
-    monitor = Monitor(0, _peers(3), timeout=0, probe=_Probe({1: EXITED}))
+    monitor = Monitor(0, _peers(3), timeout=0, probe=_Probe({1: EXITED}), idle_tick_s=TICK)
     monitor.overdue(100.0, 101.0)
     assert [loss.peer.rank for loss in monitor.assess(1000.0)] == [1]
 
 
 def test_a_new_wait_forgets_the_previous_one() -> None:
-    monitor = Monitor(0, _peers(2), timeout=5, probe=_Probe({}))
+    monitor = Monitor(0, _peers(2), timeout=5, probe=_Probe({}), idle_tick_s=TICK)
     monitor.overdue(100.0, 101.0)
     monitor.heard(1, 101.0)
     monitor.overdue(200.0, 201.0)        # a later round: silence counts from its start
@@ -133,7 +145,7 @@ def test_a_new_wait_forgets_the_previous_one() -> None:
 
 
 def test_pings_are_rate_limited() -> None:
-    monitor = Monitor(0, _peers(2), timeout=4, probe=_Probe({}))
+    monitor = Monitor(0, _peers(2), timeout=4, probe=_Probe({}), idle_tick_s=TICK)
     monitor.overdue(100.0, 101.0)
     interval = liveness.ping_interval(4)
     assert monitor.ping_due(101.0) and not monitor.ping_due(101.0 + interval / 2)

@@ -21,6 +21,8 @@ from hvdlite.core.liveness import EXITED, RUNNING, Liveness, Monitor, Peer
 from hvdlite.core.transport_mpi import Channel, MpiTransport
 
 DOMAIN = ("vm", "boot-1", "pid:[4026531836]")
+TICK = 0.1                                   # MPI's idle tick
+OVERDUE = liveness.OVERDUE_TICKS * TICK
 
 
 class FakeChannel:
@@ -46,14 +48,15 @@ def checker(states: dict[int, str], timeout: float = 5.0, size: int = 3) -> Any:
     peers = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(size)]
     live = Liveness.__new__(Liveness)
     live.me, live.timeout, live.peers = 0, timeout, peers
-    live.monitor = Monitor(0, peers, timeout, probe=lambda p: states.get(p.rank, RUNNING))
+    live.monitor = Monitor(0, peers, timeout, idle_tick_s=TICK,
+                           probe=lambda p: states.get(p.rank, RUNNING))
     live.channel = FakeChannel()
     return live
 
 
 def test_nothing_happens_before_the_round_is_overdue() -> None:
     live = checker({1: EXITED})
-    assert live.check(started=10.0, now=10.0 + liveness.OVERDUE_S / 2) is None
+    assert live.check(started=10.0, now=10.0 + OVERDUE / 2) is None
     assert live.channel.pinged == [] and live.channel.told == []
 
 
@@ -98,9 +101,11 @@ def test_a_peer_heard_from_is_not_silent() -> None:
 # -- on this process's own MPI world (one rank) -------------------------------------------------
 
 def test_liveness_starts_with_every_ranks_identity() -> None:
-    live = Liveness(MpiTransport(MPI.COMM_WORLD), SimpleNamespace(peer_timeout=3.0))
+    live = Liveness(MpiTransport(MPI.COMM_WORLD), SimpleNamespace(peer_timeout=3.0,
+                                                                  cycle_time=5.0))
     try:
         assert live.me == MPI.COMM_WORLD.Get_rank() and live.timeout == 3.0
+        assert live.monitor.overdue_s == pytest.approx(OVERDUE)
         assert [p.pid for p in live.peers] == [os.getpid()] * MPI.COMM_WORLD.Get_size()
         assert live.monitor.timeout == 3.0 and live.monitor.peers == []
         assert live.channel.comm != MPI.COMM_WORLD
@@ -154,6 +159,21 @@ def test_awaited_gather_and_bcast_on_one_rank(obj: object) -> None:
     assert waited == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("idle_tick_s, cycle_ms, overdue_s", [
+    (0.1, 5.0, 0.5), (0.4, 5.0, 2.0), (0.1, 300.0, 1.5), (0.4, 600.0, 3.0)])
+def test_a_round_is_overdue_after_five_of_the_ticks_its_idle_engines_sleep(
+        idle_tick_s: float, cycle_ms: float, overdue_s: float) -> None:
+    """The transport's tick, or one cycle where that is longer, as waiting.IdleTicks
+    sleeps: a round is never overdue merely because a peer slept its tick."""
+    world = MpiTransport(MPI.COMM_WORLD)
+    world.idle_tick_s = idle_tick_s
+    live = Liveness(world, SimpleNamespace(peer_timeout=3.0, cycle_time=cycle_ms))
+    try:
+        assert live.monitor.overdue_s == pytest.approx(overdue_s)
+    finally:
+        live.channel.comm.Free()
+
+
 @pytest.mark.parametrize("timeout,interval", [(0.0, 2.0), (-1.0, 2.0), (0.5, 0.25), (1.0, 0.25),
                                               (8.0, 1.0), (10.0, 1.25), (16.0, 2.0),
                                               (100.0, 2.0)])
@@ -166,7 +186,8 @@ def test_local_processes_are_probed_every_half_second() -> None:
     probed: list[float] = []
     now = [0.0]
     peers = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(2)]
-    monitor = Monitor(0, peers, 5.0, probe=lambda p: probed.append(now[0]) or RUNNING)
+    monitor = Monitor(0, peers, 5.0, idle_tick_s=TICK,
+                      probe=lambda p: probed.append(now[0]) or RUNNING)
     assert monitor.overdue(started=10.0, now=11.0)
     for now[0] in (11.0, 11.25, 11.375, 11.5, 11.75, 12.0):
         assert monitor.assess(now[0]) == []
@@ -241,9 +262,9 @@ def test_a_loss_is_a_value() -> None:
 
 def test_the_monitor_watches_every_rank_but_its_own() -> None:
     peers = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(3)]
-    assert [p.rank for p in Monitor(1, peers, 5.0).peers] == [0, 2]
+    assert [p.rank for p in Monitor(1, peers, 5.0, idle_tick_s=TICK).peers] == [0, 2]
     many = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(302)]
-    watched = [p.rank for p in Monitor(int("300"), many, 5.0).peers]  # not a cached int
+    watched = [p.rank for p in Monitor(int("300"), many, 5.0, idle_tick_s=TICK).peers]  # not a cached int
     assert 300 not in watched and len(watched) == 301
 
 
@@ -252,13 +273,13 @@ def test_local_peers_are_those_of_an_equal_process_domain() -> None:
     other = ("zz", "boot-9", "pid:[1]")                    # sorts after this domain
     peers = [Peer(0, "vm", 1000, 5, DOMAIN), Peer(1, "vm", 1001, 5, same),
              Peer(2, "zz", 1002, 5, other), Peer(3, "x", 1003, 5, None)]
-    assert [p.rank for p in Monitor(0, peers, 5.0).local] == [1]
-    assert Monitor(3, peers, 5.0).local == []              # its own domain unknown
+    assert [p.rank for p in Monitor(0, peers, 5.0, idle_tick_s=TICK).local] == [1]
+    assert Monitor(3, peers, 5.0, idle_tick_s=TICK).local == []   # its own domain unknown
 
 
 def test_the_same_wait_keeps_what_it_heard_and_pings_again_when_due() -> None:
     peers = [Peer(r, "far", 1000 + r, 5, None) for r in range(2)]
-    monitor = Monitor(0, peers, timeout=5.0)                # a ping every 0.625 s
+    monitor = Monitor(0, peers, timeout=5.0, idle_tick_s=TICK)    # a ping every 0.625 s
     assert monitor.overdue(float("10.0"), 11.0) and monitor.ping_due(11.0)
     monitor.heard(1, 14.0)
     assert monitor.overdue(float("10.0"), 16.5)            # equal start: the same wait
@@ -267,7 +288,8 @@ def test_the_same_wait_keeps_what_it_heard_and_pings_again_when_due() -> None:
 
 
 def test_a_sub_second_timeout_is_a_timeout() -> None:
-    monitor = Monitor(0, [Peer(r, "far", 1000 + r, 5, None) for r in range(2)], timeout=0.5)
+    far = [Peer(r, "far", 1000 + r, 5, None) for r in range(2)]
+    monitor = Monitor(0, far, timeout=0.5, idle_tick_s=TICK)
     assert monitor.overdue(10.0, 10.5)
     (loss,) = monitor.assess(11.0)
     assert loss.peer.rank == 1 and loss.how == liveness.UNKNOWN and loss.silent_for == 1.0
