@@ -49,14 +49,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mpi_under_test", [label], ids=[label])
 
 
-# MPICH's hydra proxy writes its topology to /tmp/hydra_hwloc_xmlfile_XXXXXX (the path is
-# built in: TMPDIR does not move it) and removes it when the job ends normally, but not when
-# MPI_Abort ends it, which is how hvdlite ends a job one of whose ranks failed. The whole-job
-# tests end jobs that way on purpose: the session removes the files its jobs left.
-_HYDRA_LEFTOVERS = "hydra_hwloc_xmlfile_*"
-_TEMP = Path("/tmp")
-
-
+# The whole-job tests end jobs by MPI_Abort or a killed rank on purpose, which leaves
+# MPICH's and Open MPI's files behind (tests/leftovers.py): each session removes what its
+# jobs left. A session inside an MPI rank leaves that to the session that launched it.
 def _in_an_mpi_rank() -> bool:
     import os
     return any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
@@ -64,15 +59,15 @@ def _in_an_mpi_rank() -> bool:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _in_an_mpi_rank():
-        session.config.stash[_hydra_key] = set(_TEMP.glob(_HYDRA_LEFTOVERS))
+        from tests import leftovers
+        session.config.stash[_leftovers_key] = leftovers.present()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    before = session.config.stash.get(_hydra_key, None)
-    if before is None:
-        return
-    for path in set(_TEMP.glob(_HYDRA_LEFTOVERS)) - before:
-        path.unlink(missing_ok=True)
+    before = session.config.stash.get(_leftovers_key, None)
+    if before is not None:
+        from tests import leftovers
+        leftovers.sweep(before)
 
 
-_hydra_key = pytest.StashKey[set]()
+_leftovers_key = pytest.StashKey[set]()

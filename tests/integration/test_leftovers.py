@@ -1,0 +1,42 @@
+"""What a job ended by a killed rank leaves in /dev/shm and /tmp, and the sweep each test
+session runs (tests/leftovers.py, tests/conftest.py), on a real MPICH job. (Open MPI
+removes its segment after a killed rank; it leaves it when mpirun itself is killed, with
+ranks still running, so that runs only under MPICH: make test's lane A.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import leftovers
+from tests.mpirun import mpiexec
+
+pytestmark = pytest.mark.timeout(120)
+
+# The ranks share memory through the MPI's segment (an allreduce on one node), then rank 1
+# dies by SIGKILL, as a rank killed by the OOM killer or the batch system does.
+_KILLED_JOB = """
+import os, signal
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.ones(1 << 16)
+comm.Allreduce(MPI.IN_PLACE, x)
+if comm.Get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+comm.Barrier()
+"""
+
+
+def test_a_job_with_a_killed_rank_leaves_files_and_the_sweep_removes_them() -> None:
+    before = leftovers.present()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    done = subprocess.run([*mpiexec(2), sys.executable, "-c", _KILLED_JOB], env=env,
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode != 0, done.stdout + done.stderr
+    left = leftovers.present() - before
+    assert left, "the MPI removed its own files this time: nothing for the sweep to do"
+    assert set(leftovers.sweep(before)) == left
+    assert not left & leftovers.present()

@@ -1,0 +1,63 @@
+"""Files an MPI job leaves behind when it does not end through MPI_Finalize, and the sweep
+each pytest session runs for the jobs it started (tests/conftest.py).
+
+The whole-job tests end jobs by MPI_Abort or a killed rank on purpose (that is how hvdlite
+ends a job one of whose ranks failed), and each such job leaves:
+
+- MPICH's hydra topology file, /tmp/hydra_hwloc_xmlfile_XXXXXX (the path is built in:
+  TMPDIR does not move it);
+- the node's shared-memory segment, which MPI_Finalize would have removed: MPICH's
+  /dev/shm/mpich_shm_* (2 MiB) after a killed rank or MPI_Abort; Open MPI's
+  /dev/shm/sm_segment.* (16 MiB) when mpirun itself was killed (a test's time limit).
+
+A CI run ended about a hundred jobs that way: this machine's /dev/shm held 1,184 such
+segments, 2.3 GB, after a day of test runs. Where /dev/shm is small (a container's
+default is 64 MiB), a few runs fill it, and then every MPI job fails at MPI_Init.
+
+A segment still mapped by a live process belongs to a running job (another session's, a
+benchmark's) and is kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+PLACES: Mapping[Path, Sequence[str]] = {
+    Path("/tmp"): ("hydra_hwloc_xmlfile_*",),
+    Path("/dev/shm"): ("mpich_shm_*", "sm_segment.*", "vader_segment.*"),
+}
+
+
+def present(places: Mapping[Path, Sequence[str]] = PLACES) -> set[Path]:
+    """The files matching ``places`` now."""
+    return {path for where, patterns in places.items() for pattern in patterns
+            for path in where.glob(pattern)}
+
+
+def mapped(proc: Path = Path("/proc")) -> set[str]:
+    """The paths of files any live process maps (the maps this user may read)."""
+    paths: set[str] = set()
+    for maps in proc.glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:          # the process ended, or is another user's
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                paths.add(fields[5].removesuffix(" (deleted)"))
+    return paths
+
+
+def sweep(before: set[Path], places: Mapping[Path, Sequence[str]] = PLACES,
+          proc: Path = Path("/proc")) -> list[Path]:
+    """Remove the files that appeared since ``before`` and that no live process maps;
+    the removed ones, sorted."""
+    new = present(places) - before
+    if not new:
+        return []
+    in_use = mapped(proc)
+    gone = sorted(path for path in new if str(path) not in in_use)
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
