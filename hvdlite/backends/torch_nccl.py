@@ -29,10 +29,15 @@ which each rank keeps its part (correct by construction; twice the traffic).
 ``DEVICE`` says how buffers become tensors, which group backend is made, and
 which stream is current: the CPU stand-in (tests/standin) swaps in host arrays
 and Gloo, so this code runs at 2 and 4 ranks in CI.
+
+Every tensor handed to a group goes to HANDOFF once its collective returns: torch's
+threads (Gloo's workers in the stand-in) may drop the last reference to it after
+Python has moved on, and doing so while the interpreter finalizes aborts the process
+(hvdlite/backends/handoff.py).
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -40,6 +45,7 @@ import numpy as np
 from hvdlite.backends.base import Buffer
 from hvdlite.backends.cuda import StreamWork, current_stream
 from hvdlite.backends.gpu_sets import PerSetNccl
+from hvdlite.backends.handoff import HANDOFF
 from hvdlite.reduce_op import ReduceOp
 
 _DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16")
@@ -107,18 +113,21 @@ class TorchNcclBackend(PerSetNccl):
             communicator.shutdown()
 
     @staticmethod
-    def _run(issue: Any) -> None:
-        """Issue a collective with the engine's stream current; that stream then waits
-        for it (the caller returns the stream's work: the engine's next work follows)."""
+    def _run(issue: Callable[..., Any], *tensors: Any) -> None:
+        """Issue a collective on ``tensors`` with the engine's stream current; that
+        stream then waits for it (the caller returns the stream's work: the engine's
+        next work follows)."""
         with DEVICE.on_engine_stream():
-            _wait(issue())
+            _wait(issue(*tensors))
+        HANDOFF.hold(tensors)
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Any:
         group = self._communicator(set_id)
         if group is None:
             return self._staged.allreduce(set_id, buf, op)
         if buf.size:
-            self._run(lambda: group.allreduce([DEVICE.tensor(buf)], _options("Allreduce", op)))
+            self._run(lambda t: group.allreduce([t], _options("Allreduce", op)),
+                      DEVICE.tensor(buf))
         self._count_allreduce(set_id, buf.nbytes)
         return StreamWork(current_stream())
 
@@ -132,7 +141,7 @@ class TorchNcclBackend(PerSetNccl):
         if hasattr(options, "asyncOp"):               # on the engine's stream (_options)
             options.asyncOp = False
         if buf.size:
-            self._run(lambda: group.broadcast([DEVICE.tensor(buf)], options))
+            self._run(lambda t: group.broadcast([t], options), DEVICE.tensor(buf))
         self._count_broadcast(set_id, buf.nbytes, root)
         return StreamWork(current_stream())
 
@@ -158,9 +167,9 @@ class TorchNcclBackend(PerSetNccl):
         if group is None:
             return self._staged.alltoall(set_id, send, send_counts, recv, recv_counts)
         if send.size or recv.size:
-            self._run(lambda: group.alltoall_base(
-                DEVICE.tensor(recv), DEVICE.tensor(send), [int(c) for c in recv_counts],
-                [int(c) for c in send_counts], _options("AllToAll")))
+            self._run(lambda into, out_of: group.alltoall_base(
+                into, out_of, [int(c) for c in recv_counts], [int(c) for c in send_counts],
+                _options("AllToAll")), DEVICE.tensor(recv), DEVICE.tensor(send))
         me = self._sets[set_id].rank
         self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
                          sum(recv_counts) - recv_counts[me])
@@ -175,11 +184,13 @@ class TorchNcclBackend(PerSetNccl):
             return self._staged.reducescatter(set_id, buf, counts, out, op)
         me = self._sets[set_id].rank
         if len(set(counts)) == 1 and buf.size:
-            self._run(lambda: group._reduce_scatter_base(
-                DEVICE.tensor(out), DEVICE.tensor(buf), _options("ReduceScatter", op)))
+            self._run(lambda into, out_of: group._reduce_scatter_base(
+                into, out_of, _options("ReduceScatter", op)), DEVICE.tensor(out),
+                DEVICE.tensor(buf))
         elif buf.size:
             start = sum(counts[:me])
-            self._run(lambda: group.allreduce([DEVICE.tensor(buf)], _options("Allreduce", op)))
+            self._run(lambda t: group.allreduce([t], _options("Allreduce", op)),
+                      DEVICE.tensor(buf))
             with DEVICE.on_engine_stream():
                 DEVICE.tensor(out).copy_(DEVICE.tensor(buf)[start: start + counts[me]])
         others = buf.nbytes - out.nbytes
@@ -227,11 +238,13 @@ def _gather_padded(group: Any, send: Any, recv: Any, counts: Sequence[int], long
     torch = _torch()
     if all(count == longest for count in counts):
         _wait(group._allgather_base(recv, send, _options("Allgather")))
+        HANDOFF.hold((recv, send))
         return
     padded = torch.zeros(longest, dtype=send.dtype, device=send.device)
     padded[: send.numel()].copy_(send)
     gathered = torch.empty(longest * size, dtype=send.dtype, device=send.device)
     _wait(group._allgather_base(gathered, padded, _options("Allgather")))
+    HANDOFF.hold((gathered, padded))
     start = 0
     for rank, count in enumerate(counts):
         recv[start: start + count].copy_(gathered[rank * longest: rank * longest + count])

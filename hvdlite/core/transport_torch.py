@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hvdlite.core.handoff import HANDOFF
+from hvdlite.backends.handoff import HANDOFF
 from hvdlite.core.store_channel import StoreChannel
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
@@ -42,7 +42,7 @@ _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
 class TorchPending:
     """A torch Work as a Pending; holds the tensors the operation reads or writes until
     it is complete, then HANDOFF holds them, until Gloo's thread has let go of them too
-    (hvdlite/core/handoff.py). A failed operation raises from the ``Test`` that sees
+    (hvdlite/backends/handoff.py). A failed operation raises from the ``Test`` that sees
     it end."""
 
     def __init__(self, work: Any, *keep: torch.Tensor) -> None:
@@ -101,7 +101,7 @@ class TorchRound:
     def start(self) -> TorchPending:
         # The vector's own memory: the reduction lands where the engine reads it.
         # int64, not uint64: Gloo's bitwise AND is the same on either. A tensor of each
-        # round's own, which only the round holds (hvdlite/core/handoff.py).
+        # round's own, which only the round holds (hvdlite/backends/handoff.py).
         tensor = torch.frombuffer(self._vector, dtype=torch.int64)
         return TorchPending(self._group.allreduce([tensor], _BAND), tensor)
 
@@ -383,7 +383,7 @@ def initialize() -> None:
 
 def _at_exit() -> None:
     """Destroy the groups if hvdlite made them; then wait until Gloo's threads, which
-    outlive them, have let go of every tensor hvdlite gave them (hvdlite/core/handoff.py).
+    outlive them, have let go of every tensor hvdlite gave them (hvdlite/backends/handoff.py).
     In that order: the wait after the last of Gloo's work, the teardown's own too."""
     if _exit_hook["destroys_world"] and dist.is_initialized():
         dist.destroy_process_group()

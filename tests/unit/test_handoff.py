@@ -1,4 +1,4 @@
-"""hvdlite/core/handoff.py: tensors handed to Gloo's threads are held until Gloo has
+"""hvdlite/backends/handoff.py: tensors handed to Gloo's threads are held until Gloo has
 let go of them, and the exit hook waits for that before the interpreter finalizes
 (a Gloo thread that releases the last reference during finalization aborts the
 process: 'terminate called without an active exception')."""
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdlite.core import handoff
-from hvdlite.core.handoff import Handoff
+from hvdlite.backends import handoff
+from hvdlite.backends.handoff import Handoff
 
 
 class Tensor:
@@ -150,3 +150,50 @@ def test_a_completed_operation_keeps_its_tensors_no_longer(
     pending = transport_torch.TorchPending(Work(), *gloo.held)
     assert pending.Test() is True
     assert pending._keep == () and book._held == gloo.held
+
+
+# -- torch_nccl.py's device groups (Gloo's in the CPU stand-in, NCCL's on GPUs) ------------
+
+class Group:
+    """A device group that records the tensors each collective is given, as torch's
+    threads would hold them."""
+
+    def __init__(self) -> None:
+        self.given: list[Any] = []
+
+    def allreduce(self, tensors: list[Any], options: Any) -> None:
+        self.given.extend(tensors)
+
+    def _allgather_base(self, out: Any, inp: Any, options: Any) -> None:
+        self.given.extend((out, inp))
+
+
+@pytest.fixture
+def torch_nccl(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """torch_nccl.py under the fake CuPy, its stream a no-op and its HANDOFF a fresh one."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tests.unit import gpu_ranks
+    module = gpu_ranks.loader(monkeypatch)().torch_nccl
+    monkeypatch.setattr(module, "DEVICE", SimpleNamespace(on_engine_stream=contextlib.nullcontext))
+    monkeypatch.setattr(module, "HANDOFF", Handoff())
+    return module
+
+
+def test_a_device_groups_collective_hands_its_tensors_to_the_handoff(torch_nccl: Any) -> None:
+    group, tensor = Group(), Tensor()
+    torch_nccl.TorchNcclBackend._run(lambda t: group.allreduce([t], None), tensor)
+    assert group.given == [tensor] and torch_nccl.HANDOFF._held == [tensor]
+
+
+@pytest.mark.parametrize("counts", [[3, 3], [2, 3]], ids=["even", "padded"])
+def test_an_allgather_on_a_device_group_hands_what_it_gave_to_the_handoff(
+        torch_nccl: Any, counts: list[int]) -> None:
+    import torch
+    me = counts.index(max(counts))
+    send, recv = torch.ones(counts[me]), torch.zeros(sum(counts))
+    group = Group()
+    torch_nccl._gather_padded(group, send, recv, counts, max(counts), len(counts))
+    assert len(group.given) == 2
+    assert [id(t) for t in torch_nccl.HANDOFF._held] == [id(t) for t in group.given]

@@ -1,4 +1,7 @@
-"""Tensors handed to torch's Gloo threads, held until Gloo has wholly let go of them.
+"""Tensors handed to torch's process groups, held until torch's threads have wholly let go
+of them: the torch transport's Gloo groups (core/transport_torch.py), and the device
+groups of torch_nccl.py (Gloo's in the CPU stand-in; NCCL's on GPUs, a precaution there:
+not seen). What follows is told of Gloo, where it was seen.
 
 A Gloo worker thread drops its reference to a finished operation only after marking it
 complete, so the Python side may already have moved on. While any C++ object holds a
