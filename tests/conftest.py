@@ -50,7 +50,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # The whole-job tests end jobs by MPI_Abort or a killed rank on purpose, which leaves
-# MPICH's and Open MPI's files behind (tests/leftovers.py): each session removes what its
+# MPICH's and Open MPI's files behind (hvdlite/runner/leftovers.py): each session removes what its
 # jobs left. A session inside an MPI rank leaves that to the session that launched it.
 def _in_an_mpi_rank() -> bool:
     import os
@@ -59,14 +59,14 @@ def _in_an_mpi_rank() -> bool:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _in_an_mpi_rank():
-        from tests import leftovers
+        from hvdlite.runner import leftovers
         session.config.stash[_leftovers_key] = leftovers.present()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     before = session.config.stash.get(_leftovers_key, None)
     if before is not None:
-        from tests import leftovers
+        from hvdlite.runner import leftovers
         leftovers.sweep(before)
 
 

@@ -6,7 +6,9 @@ and SIGUSR1 (preemption: the ranks stop at their next commit) on to the launcher
 launcher can ignore them: MPICH's mpiexec stuck before starting any rank spins through
 SIGTERM for ever. So after SIGINT or SIGTERM it has GRACE_SECONDS to end; then it is
 killed (SIGKILL) with every process under it on this machine, whose ranks and proxies
-would otherwise outlive it.
+would otherwise outlive it. After a launcher that failed, the files its MPI left on this
+machine (a shared-memory segment in /dev/shm, hydra's /tmp file) are removed
+(runner/leftovers.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import subprocess
 import sys
 import threading
 from typing import IO, Callable, Optional
+
+from hvdlite.runner import leftovers
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
@@ -42,6 +46,8 @@ class Supervisor:
         """Runs ``command`` to its end: its exit code, 128 + N when signal N ended it (as
         a shell reports it), 127 when it could not be started."""
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
+        before = leftovers.present()
+        code = 127
         try:
             try:
                 self._child = subprocess.Popen(
@@ -67,6 +73,8 @@ class Supervisor:
             self._child, self._killer, self._pending = None, None, []
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            if code != 0:
+                leftovers.sweep(before)
 
     def _forward(self, signum: int, frame: object) -> None:
         if signum in _STOPPING:

@@ -1,16 +1,18 @@
-"""What a job ended by a killed rank leaves in /dev/shm and /tmp, and the sweep each test
-session runs (tests/leftovers.py, tests/conftest.py), on a real MPICH job. (Open MPI
-removes its segment after a killed rank; it leaves it when mpirun itself is killed, with
-ranks still running, so that runs only under MPICH: make test's lane A.)"""
+"""What a job ended by a killed rank leaves in /dev/shm and /tmp, and its sweep
+(hvdlite/runner/leftovers.py): by each test session, and by hvdliterun after a job that
+failed, on real MPICH jobs. (Open MPI removes its segment after a killed rank; it leaves
+it when mpirun itself is killed, with ranks still running, so that runs only under MPICH:
+make test's lane A.)"""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests import leftovers
+from hvdlite.runner import leftovers
 from tests.mpirun import mpiexec
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,3 +42,16 @@ def test_a_job_with_a_killed_rank_leaves_files_and_the_sweep_removes_them() -> N
     assert left, "the MPI removed its own files this time: nothing for the sweep to do"
     assert set(leftovers.sweep(before)) == left
     assert not left & leftovers.present()
+
+
+def test_hvdliterun_removes_what_its_failed_job_left_on_this_node(tmp_path: Path) -> None:
+    before = leftovers.present()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HVDLITE_", "HOROVOD_"))}
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_JOB)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "hvdlite.run", "-np", "2", sys.executable,
+                           str(script)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert leftovers.present() - before == set()

@@ -1,10 +1,10 @@
-"""The sweep of what aborted MPI jobs leave (tests/leftovers.py), on a fake /dev/shm and
+"""The sweep of what aborted MPI jobs leave (hvdlite/runner/leftovers.py), on a fake /dev/shm and
 /proc under tmp_path; tests/integration/test_leftovers.py runs it after a real job."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests import leftovers
+from hvdlite.runner import leftovers
 
 
 def _places(tmp_path: Path) -> dict[Path, tuple[str, ...]]:

@@ -1,8 +1,9 @@
-"""Files an MPI job leaves behind when it does not end through MPI_Finalize, and the sweep
-each pytest session runs for the jobs it started (tests/conftest.py).
+"""Files an MPI job leaves behind when it does not end through MPI_Finalize, and their
+sweep: by hvdliterun on its own node after a job that failed (runner/supervise.py), and by
+each pytest session for the jobs it started (tests/conftest.py).
 
-The whole-job tests end jobs by MPI_Abort or a killed rank on purpose (that is how hvdlite
-ends a job one of whose ranks failed), and each such job leaves:
+A job ended by MPI_Abort (how hvdlite ends a job one of whose ranks failed) or a killed
+rank leaves:
 
 - MPICH's hydra topology file, /tmp/hydra_hwloc_xmlfile_XXXXXX (the path is built in:
   TMPDIR does not move it);
@@ -10,12 +11,14 @@ ends a job one of whose ranks failed), and each such job leaves:
   /dev/shm/mpich_shm_* (2 MiB) after a killed rank or MPI_Abort; Open MPI's
   /dev/shm/sm_segment.* (16 MiB) when mpirun itself was killed (a test's time limit).
 
-A CI run ended about a hundred jobs that way: this machine's /dev/shm held 1,184 such
-segments, 2.3 GB, after a day of test runs. Where /dev/shm is small (a container's
-default is 64 MiB), a few runs fill it, and then every MPI job fails at MPI_Init.
+The test suite's crash tests end about a hundred jobs that way a run: this machine's
+/dev/shm held 1,184 such segments, 2.3 GB, after a day of test runs. Where /dev/shm is
+small (a container's default is 64 MiB), a few dozen failed jobs fill it, and then every
+MPI job fails at MPI_Init.
 
-A segment still mapped by a live process belongs to a running job (another session's, a
-benchmark's) and is kept.
+A segment still mapped by a live process belongs to a running job (another of this
+user's, a benchmark's) and is kept; another user's files are not ours to remove (the
+sticky /dev/shm refuses it, and the error is ignored).
 """
 from __future__ import annotations
 
@@ -58,6 +61,11 @@ def sweep(before: set[Path], places: Mapping[Path, Sequence[str]] = PLACES,
         return []
     in_use = mapped(proc)
     gone = sorted(path for path in new if str(path) not in in_use)
+    removed = []
     for path in gone:
-        path.unlink(missing_ok=True)
-    return gone
+        try:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except OSError:          # another user's, in the sticky /tmp or /dev/shm
+            pass
+    return removed
