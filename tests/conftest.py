@@ -50,8 +50,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # The whole-job tests end jobs by MPI_Abort or a killed rank on purpose, which leaves
-# MPICH's and Open MPI's files behind (hvdlite/runner/leftovers.py): each session removes what its
-# jobs left. A session inside an MPI rank leaves that to the session that launched it.
+# MPICH's and Open MPI's files behind (hvdlite/runner/leftovers.py): each session removes
+# what its jobs left. A session inside an MPI rank leaves that to the session that
+# launched it.
 def _in_an_mpi_rank() -> bool:
     import os
     return any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))

@@ -104,8 +104,8 @@ class Transport(Protocol):
     native: Any
     failures: tuple[type[BaseException], ...]
     # While the world is the only process set, an idle engine joins a round once per
-    # tick (waiting.IdleTicks), and a round is overdue after a few ticks
-    # (liveness.overdue_s): longer where a round costs the ranks more CPU.
+    # tick (waiting.IdleTicks), and a round is overdue after liveness.OVERDUE_TICKS
+    # ticks: longer where a round costs the ranks more CPU.
     idle_tick_s: float
 
     # -- negotiation -------------------------------------------------------------------

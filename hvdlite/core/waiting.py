@@ -101,7 +101,7 @@ class IdleTicks:
     every collective needs each rank's own submission, which wakes that rank at once
     (the doorbell), and a round it joins with nothing to submit agrees nothing. So it
     is ``patient``: it sleeps a whole tick, the transport's ``idle_tick_s`` (unless one
-    cycle is longer), which liveness.overdue_s allows for. Ticking from one cycle,
+    cycle is longer), which liveness.OVERDUE_TICKS allows for. Ticking from one cycle,
     doubling while all were idle, cost four rounds in each step of the MLP at np=4 on
     2 cores, each ~80-280 us of CPU on every rank, taken from training (BENCHMARKS.md,
     "idle ranks tick slowly").

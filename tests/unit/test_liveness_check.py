@@ -264,7 +264,8 @@ def test_the_monitor_watches_every_rank_but_its_own() -> None:
     peers = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(3)]
     assert [p.rank for p in Monitor(1, peers, 5.0, idle_tick_s=TICK).peers] == [0, 2]
     many = [Peer(r, "vm", 1000 + r, 5, DOMAIN) for r in range(302)]
-    watched = [p.rank for p in Monitor(int("300"), many, 5.0, idle_tick_s=TICK).peers]  # not a cached int
+    rank = int("300")                                       # not a cached int
+    watched = [p.rank for p in Monitor(rank, many, 5.0, idle_tick_s=TICK).peers]
     assert 300 not in watched and len(watched) == 301
 
 
