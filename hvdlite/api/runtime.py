@@ -65,7 +65,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
             RUNTIME.engine.shutdown()
         config = Config.load()
         _configure_logging(config, world.world_rank())
-        transport = world.open_world(comm)
+        transport = world.open_world(comm, shared_memory=config.shared_memory)
         failure.use_transport(transport.name)      # what failure messages name from now on
         engine = Engine(config, transport, process_sets)
         topology = engine.start()

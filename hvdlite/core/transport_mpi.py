@@ -199,9 +199,12 @@ def world_rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
-def open_world(comm: Union[MPI.Comm, Sequence[int], None]) -> MpiTransport:
+def open_world(comm: Union[MPI.Comm, Sequence[int], None],
+               shared_memory: bool = True) -> MpiTransport:
     """The engine's world: COMM_WORLD, a communicator the program passed, or the listed
-    COMM_WORLD ranks (``hvdlite.init(comm=...)``). Collective over those ranks."""
+    COMM_WORLD ranks (``hvdlite.init(comm=...)``). Collective over those ranks.
+    ``shared_memory`` (HVDLITE_SHARED_MEMORY) is the torch transport's: MPI libraries
+    move data within a node through its shared memory on their own."""
     from hvdlite.core.topology import check_launch
     check_launch(MPI.COMM_WORLD.Get_size())
     if comm is None:

@@ -1,7 +1,9 @@
 """torch.distributed as a transport (hvdlite/core/transport.py): what ``hvdlite.init()``
 runs on under ``torchrun``, with or without mpi4py installed. Negotiation, small objects
-and host data travel over Gloo process groups; liveness pings and verdicts over the
-job's key-value store (out of band: a peer stuck in a collective still gets them).
+and host data travel over Gloo process groups, except where every rank of a transport
+shares a host: its negotiation rounds and allreduce then go through the node's shared
+memory (hvdlite/core/node_memory.py). Liveness pings and verdicts go over the job's
+key-value store (out of band: a peer stuck in a collective still gets them).
 
 Limits, by design of torch.distributed: a group is made by every process of the
 world (``new_group``), so only a transport spanning the world splits; and torch
@@ -20,13 +22,14 @@ import functools
 import os
 import pickle
 import socket
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from hvdlite.backends.handoff import HANDOFF
+from hvdlite.core.node_memory import NodeMemory, NodeRound, open_node_memory
 from hvdlite.core.store_channel import StoreChannel
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
@@ -117,12 +120,15 @@ class TorchTransport:
     # four rounds each that agreed nothing (BENCHMARKS.md, twelfth session).
     idle_tick_s = 0.4
 
-    def __init__(self, group: Any, members: Sequence[int]) -> None:
+    def __init__(self, group: Any, members: Sequence[int], shared_memory: bool = True) -> None:
         self.group, self.members = group, list(members)    # global ranks, in our rank order
         self.rank, self.size = self.members.index(dist.get_rank()), len(self.members)
         self.native = self       # the backends run on this transport's data collectives
         ordered = sorted(self.members)
         self._torch_index = [ordered.index(g) for g in self.members]   # ours -> torch's
+        self._shared_memory = shared_memory          # the setting, which splits inherit
+        self._node_memory: Optional[NodeMemory] = None
+        self._node_memory_tried = False
 
     # As ``native``, this transport is what the executor and backends open a set on:
     # they read its geometry by mpi4py's names, as they do an MPI communicator's.
@@ -135,8 +141,20 @@ class TorchTransport:
     def _ours(self, by_torch_rank: Sequence[Any]) -> list[Any]:
         return [by_torch_rank[i] for i in self._torch_index]
 
-    def band_round(self, vector: array.array) -> TorchRound:
-        return TorchRound(self.group, vector)
+    def band_round(self, vector: array.array) -> Union[NodeRound, TorchRound]:
+        memory = self._opened_node_memory()
+        node_round = memory.band_round(vector) if memory is not None else None
+        return node_round or TorchRound(self.group, vector)
+
+    def _opened_node_memory(self) -> Optional[NodeMemory]:
+        """The node's shared memory (HVDLITE_SHARED_MEMORY), opened at the first round
+        or allreduce: every rank makes either at the same point of its sequence of
+        collectives, so every rank opens it (or gives up on it) together."""
+        if self._shared_memory and not self._node_memory_tried and self.size > 1:
+            self._node_memory_tried = True
+            self._node_memory = open_node_memory(
+                self, timeout_s=dist.default_pg_timeout.total_seconds())
+        return self._node_memory
 
     # The small objects travel as bytes in tensors of hvdlite's own (not torch's
     # all_gather_object), which HANDOFF holds until Gloo has let go of them.
@@ -198,7 +216,7 @@ class TorchTransport:
                        sorted((k, i) for i, (c, k) in enumerate(entries) if c == each)]
             group = dist.new_group(ranks=members, backend="gloo")   # every process, each group
             if each == color:
-                mine = TorchTransport(group, members)
+                mine = TorchTransport(group, members, self._shared_memory)
         return mine
 
     def dup(self) -> TorchTransport:
@@ -242,6 +260,10 @@ class TorchTransport:
 
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
         check_data_op(self.rank, op)
+        memory = self._opened_node_memory()
+        if memory is not None and memory.reduces(buf.dtype, op):
+            memory.allreduce(buf, op)
+            return
         if buf.dtype.kind == "c" and op is not ReduceOp.SUM:
             # Gloo sums complex numbers only: the others' arrays, multiplied here in rank
             # order (Min and Max of complex numbers the API refuses before this).
@@ -394,13 +416,13 @@ def world_rank() -> int:
     return dist.get_rank()
 
 
-def open_world(comm: Any) -> TorchTransport:
+def open_world(comm: Any, shared_memory: bool = True) -> TorchTransport:
     if comm is not None:
         raise UsageError(f"rank {dist.get_rank()}: init(comm=...) names MPI ranks or "
                          "communicators; under torchrun hvdlite runs on every rank of the "
                          "job: call hvdlite.init() without comm")
     group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    return TorchTransport(group, range(dist.get_world_size()))
+    return TorchTransport(group, range(dist.get_world_size()), shared_memory)
 
 
 def threads_multiple() -> bool:

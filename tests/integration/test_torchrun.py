@@ -119,6 +119,28 @@ def test_a_rank_that_exits_is_a_lost_peer_on_every_survivor() -> None:
     assert "MPI_Finalize" not in output and "an MPI call" not in output, output
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_host_data_goes_through_the_nodes_shared_memory_unless_turned_off(
+        nproc: int, setting: str) -> None:
+    output = torchrun("shared_memory", nproc, without_mpi4py=True,
+                      HVDLITE_SHARED_MEMORY=setting)
+    for rank in range(nproc):
+        # Turned off, nothing is opened; on, the world's and (odd ranks at 4) the set's.
+        opened = [] if setting == "0" else [True] * (2 if nproc == 4 and rank % 2 else 1)
+        world_round = "TorchRound" if setting == "0" else "NodeRound"
+        assert f"SHM rank {rank} opened={opened} round={world_round}" in output, output
+
+
+def test_a_rank_that_exits_inside_a_shared_memory_allreduce_is_a_lost_peer() -> None:
+    """The survivors wait for its arrival in shared memory, not in Gloo: they find its
+    process gone (hvdlite/core/node_memory.py) and report the loss with its cause."""
+    output = torchrun("lost_in_shared_memory", 3, succeeds=False, monitor_s=20)
+    for rank in (0, 2):
+        lost = rf"LOST rank {rank}: rank {rank}: lost a peer: rank 1 \(pid \d+ on \S+\) exited"
+        assert re.search(lost, output), output
+
+
 def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() -> None:
     """The MPI jobs' own program (tests/integration/jobs.py), here under torchrun."""
     output = torchrun("stall_shutdown", 2, True, module="tests.integration.jobs",

@@ -124,6 +124,67 @@ def lost_peer() -> None:
         print(f"LOST rank {hvd.rank()}: {error}", flush=True)
 
 
+def shared_memory() -> None:
+    """Host data through the node's shared memory (over Gloo with
+    HVDLITE_SHARED_MEMORY=0): values every rank can check, in the world and in a
+    process set; each rank says which way its world's data went."""
+    import hvdlite as hvd
+    from hvdlite.core import transport_torch
+    opened: list[bool] = []          # each transport's outcome, as it opens at its first allreduce
+    open_node_memory = transport_torch.open_node_memory
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        memory = open_node_memory(*args, **kwargs)   # type: ignore[arg-type]
+        opened.append(memory is not None)
+        return memory
+
+    transport_torch.open_node_memory = recorded        # type: ignore[assignment]
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    ramp = np.arange(1_000_003, dtype=np.float32)      # 4 MB: spans chunks of 2 MiB
+    total = hvd.allreduce(ramp * (rank + 1), op=hvd.Sum, name="ramp")
+    assert np.array_equal(total, ramp * (size * (size + 1) // 2))
+    wraps = hvd.allreduce(np.full(5, 2**63 + rank, dtype=np.uint64), op=hvd.Sum, name="u64")
+    assert wraps.tolist() == [(size * 2**63 + size * (size - 1) // 2) % 2**64] * 5
+    high = hvd.allreduce(np.array([-rank, rank], dtype=np.int16), op=hvd.Max, name="i16")
+    assert high.tolist() == [0, size - 1]
+    odd = list(range(1, size, 2))          # a set that is not the world
+    odd_set = hvd.add_process_set(odd)
+    if rank in odd:
+        part = hvd.allreduce(np.full(7, rank + 1.0), op=hvd.Sum, name="odd", process_set=odd_set)
+        assert part.tolist() == [float(sum(r + 1 for r in odd))] * 7
+    assert hvd.remove_process_set(odd_set)
+    hvd.allreduce(np.zeros(1), name="done")
+    from hvdlite.api.runtime import RUNTIME
+    world_round = type(RUNTIME.engine.registry.members()[0].round._band).__name__
+    print(f"SHM rank {rank} opened={opened} round={world_round}", flush=True)
+    hvd.shutdown()
+
+
+def lost_in_shared_memory() -> None:
+    """Rank 1 exits inside an allreduce through the node's shared memory, after its
+    first arrival; the others, waiting for its second, must fail with PeerLostError."""
+    import os
+
+    import hvdlite as hvd
+    from hvdlite.core import node_memory
+    hvd.init()
+    hvd.allreduce(np.ones(4), name="warm")              # one chunk: two arrivals
+    if hvd.rank() == 1:
+        arrive = node_memory.NodeMemory._arrive
+
+        def exit_at_the_fourth(memory: node_memory.NodeMemory) -> None:
+            if memory._arrivals == 3:
+                os._exit(3)
+            arrive(memory)
+
+        node_memory.NodeMemory._arrive = exit_at_the_fourth      # type: ignore[method-assign]
+    try:
+        hvd.allreduce(np.ones(4), name="after")
+    except hvd.PeerLostError as error:
+        print(f"LOST rank {hvd.rank()}: {error}", flush=True)
+
+
 def horovod_launch_variables() -> None:
     """Under hvdliterun --gloo: Horovod's launcher variables, read before init() (as a
     script picking its GPU does), agree with what init() says; then one allreduce."""
@@ -149,5 +210,6 @@ def horovod_launch_variables() -> None:
 
 if __name__ == "__main__":
     {"horovod_launch_variables": horovod_launch_variables, "conformance": conformance, "collectives": collectives,
-     "lost_peer": lost_peer, "alltoall": alltoall,
+     "lost_peer": lost_peer, "alltoall": alltoall, "shared_memory": shared_memory,
+     "lost_in_shared_memory": lost_in_shared_memory,
      "registry_mismatch": registry_mismatch}[sys.argv[1]]()

@@ -1,0 +1,300 @@
+"""Allreduce through the node's shared memory, for a transport whose ranks all share one
+host: what the torch transport reduces host data with instead of Gloo's TCP over
+loopback (hvdlite/core/transport_torch.py; HVDLITE_SHARED_MEMORY).
+
+Each rank maps one segment of every rank's: a header (its arrival counter) and two
+halves of ``HALF_BYTES``. A buffer is reduced in chunks of one half each:
+
+1. every rank copies its chunk into its own segment, then arrives;
+2. once all have arrived, rank r reduces slice r of every rank's chunk, in rank order,
+   into its own segment, then arrives;
+3. once all have arrived, every rank copies each slice k from rank k's segment.
+
+Every rank copies the same bytes, so the result is bitwise identical on every rank
+by construction. Chunks alternate between the halves: a rank writes the next chunk
+into the half nobody reads any more (everyone left step 3 of the chunk before last
+ahead of the last arrival).
+
+An arrival is a counter stored in the rank's own header and read by the others. That
+the data written before it is seen before it relies on the x86-64 memory model (stores
+are seen in order); elsewhere, and where the ranks do not share a host and /dev/shm,
+``open_node_memory`` returns None and the transport's own collective is used. A waiting
+rank checks its late peers' processes, so a peer that exited fails the allreduce within
+``CHECK_S`` instead of hanging it.
+"""
+from __future__ import annotations
+
+import array
+import logging
+import mmap
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hvdlite.errors import PeerLostError
+from hvdlite.reduce_op import ReduceOp
+
+_log = logging.getLogger("hvdlite")
+
+HALF_BYTES = 2 << 20        # a chunk: 1-4 MiB reduced fastest here (BENCHMARKS.md)
+HEADER_BYTES = 4096         # counters and round vectors; keeps the halves page-aligned
+_ROUNDS_AT, _VECTORS_AT = 8, 64       # byte offsets in the header (the arrivals at 0)
+ROUND_WORDS = (HEADER_BYTES - _VECTORS_AT) // 16    # two slots of a round's vector
+CHECK_S = 0.1               # how often a waiting rank checks its late peers' processes
+# A waiting rank yields the core this many times, then sleeps NAP_S at a time (a nap
+# ends some 0.1 ms later: the timer's slack). Where ranks share cores (4 on 2 here), a
+# longer spin took the CPU the late rank needed (engine 10 ms of CPU a step on the MLP
+# at np=4 with 2000 yields, 4 ms with 0-50); with a core each, nobody needs it.
+YIELD_SPINS = 50
+YIELD_SPINS_OWN_CORES = 20000
+NAP_S = 50e-6
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+           ReduceOp.PRODUCT: np.multiply}
+_KINDS = frozenset("biufc")     # NumPy's own numbers; any other dtype takes the transport
+
+
+class NodeMemory:
+    """One transport's segments, mapped; made by ``open_node_memory``."""
+
+    def __init__(self, rank: int, pids: Sequence[int], maps: Sequence[mmap.mmap],
+                 timeout_s: float, half_bytes: int) -> None:
+        self.rank, self.size, self._pids = rank, len(maps), list(pids)
+        self._maps, self._half, self._timeout_s = list(maps), half_bytes, timeout_s
+        self._counters = [np.frombuffer(m, dtype=np.int64, count=1) for m in maps]
+        self.round_counters = [np.frombuffer(m, dtype=np.int64, count=1, offset=_ROUNDS_AT)
+                               for m in maps]
+        self.round_slots = [np.frombuffer(m, dtype=np.uint64, count=2 * ROUND_WORDS,
+                                          offset=_VECTORS_AT).reshape(2, ROUND_WORDS)
+                            for m in maps]
+        self._halves = [np.frombuffer(m, dtype=np.uint8, offset=HEADER_BYTES) for m in maps]
+        self._scratch = np.empty(half_bytes, dtype=np.uint8)
+        self._arrivals, self._next_half = 0, 0
+        self._yields = YIELD_SPINS if self.size > len(os.sched_getaffinity(0)) \
+            else YIELD_SPINS_OWN_CORES
+
+    @staticmethod
+    def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
+        return dtype.kind in _KINDS and op in _UFUNCS
+
+    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """``buf`` (contiguous) reduced in place with ``op`` across the ranks."""
+        flat = buf.reshape(-1)
+        per_chunk = self._half // flat.itemsize
+        for start in range(0, flat.size, per_chunk):
+            self._reduce_chunk(flat[start: start + per_chunk], _UFUNCS[op])
+
+    def _reduce_chunk(self, chunk: np.ndarray, ufunc: np.ufunc) -> None:
+        half, self._next_half = self._next_half, 1 - self._next_half
+        begin = half * self._half
+        views = [h[begin: begin + chunk.nbytes].view(chunk.dtype) for h in self._halves]
+        views[self.rank][...] = chunk
+        self._arrive()
+        lo, hi = self._slice(chunk.size, self.rank)
+        parts = [view[lo:hi] for view in views]
+        scratch = self._scratch[: (hi - lo) * chunk.itemsize].view(chunk.dtype)
+        total = parts[0]
+        for k in range(1, self.size):
+            # In rank order; the running total goes to this rank's own part once that
+            # part has been added in (before, to scratch: it is still an input).
+            into = parts[self.rank] if k >= self.rank else scratch
+            ufunc(total, parts[k], out=into)
+            total = into
+        self._arrive()
+        for k, view in enumerate(views):
+            lo, hi = self._slice(chunk.size, k)
+            chunk[lo:hi] = view[lo:hi]
+
+    def _slice(self, count: int, k: int) -> tuple[int, int]:
+        return count * k // self.size, count * (k + 1) // self.size
+
+    def _arrive(self) -> None:
+        self._arrivals += 1
+        self._counters[self.rank][0] = self._arrivals
+        late = [k for k in range(self.size) if self._counters[k][0] < self._arrivals]
+        if late:
+            self._await(late, self._arrivals)
+
+    def _await(self, late: list[int], arrivals: int) -> None:
+        """Until every rank of ``late`` has arrived ``arrivals`` times: yielding the core
+        at first (peers here are usually microseconds away), then in short sleeps."""
+        started = time.monotonic()
+        next_check, spins = started + CHECK_S, 0
+        while late:
+            spins += 1
+            if spins <= self._yields:
+                os.sched_yield()
+            else:
+                time.sleep(NAP_S)
+            late = [k for k in late if self._counters[k][0] < arrivals]
+            if late and spins % 64 == 0 and time.monotonic() >= next_check:
+                self._check_peers(late, time.monotonic() - started)
+                next_check = time.monotonic() + CHECK_S
+
+    def _check_peers(self, late: Sequence[int], waited_s: float) -> None:
+        for k in late:
+            if not _alive(self._pids[k]):
+                raise PeerLostError(
+                    f"rank {self.rank}: rank {k} (pid {self._pids[k]}) exited during an "
+                    "allreduce through the node's shared memory; the job cannot continue "
+                    "without it (its own log has the cause)")
+        if waited_s > self._timeout_s:
+            raise PeerLostError(
+                f"rank {self.rank}: ranks {list(late)} did not reach an allreduce through "
+                f"the node's shared memory within {self._timeout_s:.0f} s, though their "
+                "processes run; a stopped or stuck process (see its stack with py-spy dump)")
+
+    def band_round(self, vector: array.array) -> Optional[NodeRound]:
+        """The negotiation round over ``vector`` through the segments' headers; None for
+        a vector longer than ROUND_WORDS (a cache of over 16,000 responses)."""
+        return NodeRound(self, vector) if len(vector) <= ROUND_WORDS else None
+
+    def close(self) -> None:
+        """Unmap the segments (their files were removed when they were opened)."""
+        self._counters, self._halves = [], []
+        self.round_counters, self.round_slots = [], []
+        for m in self._maps:
+            m.close()
+        self._maps = []
+
+
+class NodeRound:
+    """A bitwise-AND round (hvdlite/core/transport.py's BandRound) through shared
+    memory: ``start`` stores the vector in this rank's slot of the round, then the
+    round's number; the round is complete once every rank's number has reached it,
+    and its result is the AND of every rank's slot. Rounds alternate between two
+    slots: a rank writes round t+2 into round t's slot only after every rank started
+    round t+1, so after each had read round t. A peer that never starts is the
+    engine's to find, as with any round (its liveness check runs while it waits)."""
+
+    def __init__(self, memory: NodeMemory, vector: array.array) -> None:
+        self._memory, self._words = memory, len(vector)
+        self._vector = np.frombuffer(vector, dtype=np.uint64)
+        self._started = 0
+
+    def start(self) -> NodeRoundPending:
+        self._started += 1
+        memory, number = self._memory, self._started
+        memory.round_slots[memory.rank][number % 2, : self._words] = self._vector
+        memory.round_counters[memory.rank][0] = number     # stored after the vector
+        return NodeRoundPending(self, number)
+
+    def finish(self, number: int) -> bool:
+        """Whether round ``number`` is complete; if so, the vector holds its AND."""
+        memory = self._memory
+        if any(counter[0] < number for counter in memory.round_counters):
+            return False
+        slots = [slot[number % 2, : self._words] for slot in memory.round_slots]
+        np.bitwise_and.reduce(slots, out=self._vector)
+        return True
+
+    def free(self) -> None:
+        pass
+
+
+class NodeRoundPending:
+    """A started NodeRound, polled by the engine as an MPI request is (a test reads
+    one counter a rank)."""
+
+    def __init__(self, node_round: NodeRound, number: int) -> None:
+        self._round, self._number, self._done = node_round, number, False
+
+    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
+        if not self._done:
+            self._done = self._round.finish(self._number)
+        return self._done
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: neither gone nor a zombie its parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _unsupported_here(directory: Path) -> Optional[str]:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"{platform.system()} on {platform.machine()} (x86-64 Linux only)"
+    if not directory.is_dir():
+        return f"no {directory}"
+    return None
+
+
+def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
+                     half_bytes: int = HALF_BYTES, timeout_s: float = 1800.0,
+                     host: Optional[str] = None) -> Optional[NodeMemory]:
+    """Collective over ``transport``'s ranks: every rank's segment mapped by every rank,
+    or None on every rank, with the reason logged by rank 0, where the ranks do not
+    share a host (``host``: this one's name), or a segment could not be made or
+    mapped (a full /dev/shm). Each file is removed once every rank has mapped it, so
+    nothing is left behind."""
+    facts = transport.allgather((host or socket.gethostname(), os.getpid(),
+                                 _unsupported_here(directory)))
+    reason = next((why for _, _, why in facts if why), None)
+    if reason is None and len({host for host, _, _ in facts}) > 1:
+        reason = "the ranks are on more than one host"
+    if reason is None:
+        token = transport.bcast(os.urandom(8).hex() if transport.rank == 0 else None)
+        paths = [directory / f"hvdlite_{token}_{k}" for k in range(transport.size)]
+        memory, reason = _map_segments(transport, paths, [pid for _, pid, _ in facts],
+                                       half_bytes, timeout_s)
+        if memory is not None:
+            return memory
+    if transport.rank == 0:
+        _log.info("hvdlite: host data over %s, not shared memory: %s", transport.name, reason)
+    return None
+
+
+def _map_segments(transport: Any, paths: Sequence[Path], pids: Sequence[int],
+                  half_bytes: int, timeout_s: float) -> tuple[Optional[NodeMemory], str]:
+    """Each rank makes its own segment, then maps every rank's; each step agreed by
+    every rank (an allgather of what failed) before the next."""
+    mine, maps = paths[transport.rank], []
+    size = HEADER_BYTES + 2 * half_bytes
+    failed = [e for e in transport.allgather(_create(mine, size)) if e]
+    try:
+        if not failed:
+            error = None
+            try:
+                maps = [_map(path, size) for path in paths]
+            except OSError as exc:
+                error = f"rank {transport.rank} could not map a segment: {exc}"
+            if error is None and not all(_alive(pid) for pid in pids):
+                error = (f"rank {transport.rank} cannot see its peers' processes (another "
+                         "pid namespace), so could not tell an exited peer from a late one")
+            failed = [e for e in transport.allgather(error) if e]
+    finally:
+        # Every rank has mapped every file (or given up): no file needs its name now.
+        mine.unlink(missing_ok=True)
+    if failed:
+        for m in maps:
+            m.close()
+        return None, failed[0]
+    return NodeMemory(transport.rank, pids, maps, timeout_s, half_bytes), ""
+
+
+def _create(path: Path, size: int) -> Optional[str]:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            # Reserves the pages now: a full tmpfs fails here, not with SIGBUS later.
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"could not make {path} ({size} bytes): {exc}"
+    return None
+
+
+def _map(path: Path, size: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
