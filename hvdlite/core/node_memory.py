@@ -29,13 +29,15 @@ import logging
 import mmap
 import os
 import platform
-import socket
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from hvdlite.backends.base import UFUNCS
+from hvdlite.core.liveness import EXITED, Peer, identity, process_state
+from hvdlite.core.transport import DATA_OPS
 from hvdlite.errors import PeerLostError
 from hvdlite.reduce_op import ReduceOp
 
@@ -53,17 +55,15 @@ CHECK_S = 0.1               # how often a waiting rank checks its late peers' pr
 YIELD_SPINS = 50
 YIELD_SPINS_OWN_CORES = 20000
 NAP_S = 50e-6
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
-           ReduceOp.PRODUCT: np.multiply}
 _KINDS = frozenset("biufc")     # NumPy's own numbers; any other dtype takes the transport
 
 
 class NodeMemory:
     """One transport's segments, mapped; made by ``open_node_memory``."""
 
-    def __init__(self, rank: int, pids: Sequence[int], maps: Sequence[mmap.mmap],
+    def __init__(self, rank: int, peers: Sequence[Peer], maps: Sequence[mmap.mmap],
                  timeout_s: float, half_bytes: int) -> None:
-        self.rank, self.size, self._pids = rank, len(maps), list(pids)
+        self.rank, self.size, self._peers = rank, len(maps), list(peers)
         self._maps, self._half, self._timeout_s = list(maps), half_bytes, timeout_s
         self._counters = [np.frombuffer(m, dtype=np.int64, count=1) for m in maps]
         self.round_counters = [np.frombuffer(m, dtype=np.int64, count=1, offset=_ROUNDS_AT)
@@ -79,14 +79,14 @@ class NodeMemory:
 
     @staticmethod
     def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
-        return dtype.kind in _KINDS and op in _UFUNCS
+        return dtype.kind in _KINDS and op in DATA_OPS
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         """``buf`` (contiguous) reduced in place with ``op`` across the ranks."""
         flat = buf.reshape(-1)
         per_chunk = self._half // flat.itemsize
         for start in range(0, flat.size, per_chunk):
-            self._reduce_chunk(flat[start: start + per_chunk], _UFUNCS[op])
+            self._reduce_chunk(flat[start: start + per_chunk], UFUNCS[op])
 
     def _reduce_chunk(self, chunk: np.ndarray, ufunc: np.ufunc) -> None:
         half, self._next_half = self._next_half, 1 - self._next_half
@@ -137,9 +137,9 @@ class NodeMemory:
 
     def _check_peers(self, late: Sequence[int], waited_s: float) -> None:
         for k in late:
-            if not _alive(self._pids[k]):
+            if process_state(self._peers[k]) == EXITED:
                 raise PeerLostError(
-                    f"rank {self.rank}: rank {k} (pid {self._pids[k]}) exited during an "
+                    f"rank {self.rank}: rank {k} (pid {self._peers[k].pid}) exited during an "
                     "allreduce through the node's shared memory; the job cannot continue "
                     "without it (its own log has the cause)")
         if waited_s > self._timeout_s:
@@ -209,17 +209,8 @@ class NodeRoundPending:
         return self._done
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs: neither gone nor a zombie its parent has not reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def _unsupported_here(directory: Path) -> Optional[str]:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
         return f"{platform.system()} on {platform.machine()} (x86-64 Linux only)"
     if not directory.is_dir():
         return f"no {directory}"
@@ -234,16 +225,21 @@ def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
     share a host (``host``: this one's name), or a segment could not be made or
     mapped (a full /dev/shm). Each file is removed once every rank has mapped it, so
     nothing is left behind."""
-    facts = transport.allgather((host or socket.gethostname(), os.getpid(),
-                                 _unsupported_here(directory)))
+    me = identity(transport.rank)
+    facts = transport.allgather((host or me.host, me, _unsupported_here(directory)))
+    peers = [peer for _, peer, _ in facts]
     reason = next((why for _, _, why in facts if why), None)
     if reason is None and len({host for host, _, _ in facts}) > 1:
         reason = "the ranks are on more than one host"
+    if reason is None and (peers[0].domain is None or
+                           any(peer.domain != peers[0].domain for peer in peers)):
+        # liveness.Peer.domain: only processes of one domain can tell an exited peer
+        # from a late one through /proc.
+        reason = "the ranks cannot see each other's processes (another pid namespace)"
     if reason is None:
         token = transport.bcast(os.urandom(8).hex() if transport.rank == 0 else None)
         paths = [directory / f"hvdlite_{token}_{k}" for k in range(transport.size)]
-        memory, reason = _map_segments(transport, paths, [pid for _, pid, _ in facts],
-                                       half_bytes, timeout_s)
+        memory, reason = _map_segments(transport, paths, peers, half_bytes, timeout_s)
         if memory is not None:
             return memory
     if transport.rank == 0:
@@ -251,7 +247,7 @@ def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
     return None
 
 
-def _map_segments(transport: Any, paths: Sequence[Path], pids: Sequence[int],
+def _map_segments(transport: Any, paths: Sequence[Path], peers: Sequence[Peer],
                   half_bytes: int, timeout_s: float) -> tuple[Optional[NodeMemory], str]:
     """Each rank makes its own segment, then maps every rank's; each step agreed by
     every rank (an allgather of what failed) before the next."""
@@ -265,9 +261,6 @@ def _map_segments(transport: Any, paths: Sequence[Path], pids: Sequence[int],
                 maps = [_map(path, size) for path in paths]
             except OSError as exc:
                 error = f"rank {transport.rank} could not map a segment: {exc}"
-            if error is None and not all(_alive(pid) for pid in pids):
-                error = (f"rank {transport.rank} cannot see its peers' processes (another "
-                         "pid namespace), so could not tell an exited peer from a late one")
             failed = [e for e in transport.allgather(error) if e]
     finally:
         # Every rank has mapped every file (or given up): no file needs its name now.
@@ -276,7 +269,7 @@ def _map_segments(transport: Any, paths: Sequence[Path], pids: Sequence[int],
         for m in maps:
             m.close()
         return None, failed[0]
-    return NodeMemory(transport.rank, pids, maps, timeout_s, half_bytes), ""
+    return NodeMemory(transport.rank, peers, maps, timeout_s, half_bytes), ""
 
 
 def _create(path: Path, size: int) -> Optional[str]:

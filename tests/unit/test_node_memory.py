@@ -6,6 +6,7 @@ rank agrees on, and a peer that exits or never comes."""
 from __future__ import annotations
 
 import array
+import dataclasses
 import functools
 import logging
 import subprocess
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from hvdlite.core import node_memory
+from hvdlite.core.liveness import EXITED, RUNNING, Peer, identity, process_state
 from hvdlite.core.node_memory import NodeMemory, open_node_memory
 from hvdlite.errors import PeerLostError
 from hvdlite.reduce_op import ReduceOp
@@ -154,7 +156,7 @@ def test_a_peer_that_exited_fails_the_allreduce_naming_it(
         assert memory is not None
         if t.rank == 1:
             return None
-        memory._pids[1] = _exited_pid()
+        memory._peers[1] = dataclasses.replace(memory._peers[1], pid=_exited_pid(), start=None)
         started = time.monotonic()
         with pytest.raises(PeerLostError) as error:
             memory.allreduce(np.ones(10), ReduceOp.SUM)
@@ -188,18 +190,36 @@ def _exited_pid() -> int:
     return child.pid
 
 
-def test_alive_tells_a_running_process_from_a_zombie_and_a_reaped_one() -> None:
+def test_a_real_peer_runs_then_is_exited_as_a_zombie_and_once_reaped() -> None:
+    """What a waiting rank asks of a late peer (liveness.process_state), on real
+    processes: test_liveness covers the same on a fake /proc."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    peer = dataclasses.replace(identity(1), pid=child.pid, start=None)
     try:
-        assert node_memory._alive(child.pid)
+        assert process_state(peer) == RUNNING
     finally:
         child.kill()
     deadline = time.monotonic() + 10
-    while node_memory._alive(child.pid) and time.monotonic() < deadline:
+    while process_state(peer) != EXITED and time.monotonic() < deadline:
         time.sleep(0.01)                     # killed, not yet reaped: a zombie
-    assert not node_memory._alive(child.pid)
+    assert process_state(peer) == EXITED
     child.wait()
-    assert not node_memory._alive(child.pid)
+    assert process_state(peer) == EXITED
+
+
+def test_ranks_in_other_pid_namespaces_fall_back_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Their pids mean nothing to each other, so an exited peer could not be found."""
+    def apart(rank: int) -> Peer:
+        me = identity(rank)
+        return dataclasses.replace(me, domain=(me.host, "boot", f"pid:[{rank}]"))
+
+    monkeypatch.setattr(node_memory, "identity", apart)
+    caplog.set_level(logging.INFO, "hvdlite")
+    assert run_transports(3, lambda t: _opened(t, tmp_path)) == [None] * 3
+    assert "another pid namespace" in caplog.text
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_only_numpys_numbers_and_the_elementwise_operators_are_taken() -> None:
