@@ -15,9 +15,10 @@ by construction. Chunks alternate between the halves: a rank writes the next chu
 into the half nobody reads any more (everyone left step 3 of the chunk before last
 ahead of the last arrival).
 
-An arrival is a counter stored in the rank's own header and read by the others. That
-the data written before it is seen before it relies on the x86-64 memory model (stores
-are seen in order); elsewhere, and where the ranks do not share a host and /dev/shm,
+An arrival is a counter stored in the rank's own header and read by the others; a rank
+that waits for it sleeps on it (hvdlite/core/futex.py), and the rank that stores it
+wakes its sleepers. That the data written before it is seen before it relies on the
+x86-64 memory model (stores are seen in order); elsewhere, and where the ranks do not share a host and /dev/shm,
 ``open_node_memory`` returns None and the transport's own collective is used. A waiting
 rank checks its late peers' processes, so a peer that exited fails the allreduce within
 ``CHECK_S`` instead of hanging it.
@@ -36,6 +37,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hvdlite.backends.base import UFUNCS
+from hvdlite.core import futex
 from hvdlite.core.liveness import EXITED, Peer, identity, process_state
 from hvdlite.core.transport import DATA_OPS
 from hvdlite.errors import PeerLostError
@@ -48,13 +50,12 @@ HEADER_BYTES = 4096         # counters and round vectors; keeps the halves page-
 _ROUNDS_AT, _VECTORS_AT = 8, 64       # byte offsets in the header (the arrivals at 0)
 ROUND_WORDS = (HEADER_BYTES - _VECTORS_AT) // 16    # two slots of a round's vector
 CHECK_S = 0.1               # how often a waiting rank checks its late peers' processes
-# A waiting rank yields the core this many times, then sleeps NAP_S at a time (a nap
-# ends some 0.1 ms later: the timer's slack). Where ranks share cores (4 on 2 here), a
-# longer spin took the CPU the late rank needed (engine 10 ms of CPU a step on the MLP
-# at np=4 with 2000 yields, 4 ms with 0-50); with a core each, nobody needs it.
+# A rank waiting inside an allreduce yields the core this many times, then sleeps on
+# the late peer's counter. Where ranks share cores (4 on 2 here), a longer spin took
+# the CPU the late rank needed (engine 10 ms of CPU a step on the MLP at np=4 with 2000
+# yields, 4 ms with 0-50); with a core each, nobody needs it.
 YIELD_SPINS = 50
 YIELD_SPINS_OWN_CORES = 20000
-NAP_S = 50e-6
 _KINDS = frozenset("biufc")     # NumPy's own numbers; any other dtype takes the transport
 
 
@@ -66,8 +67,10 @@ class NodeMemory:
         self.rank, self.size, self._peers = rank, len(maps), list(peers)
         self._maps, self._half, self._timeout_s = list(maps), half_bytes, timeout_s
         self._counters = [np.frombuffer(m, dtype=np.int64, count=1) for m in maps]
+        self._arrival_words = [futex.Word(counter) for counter in self._counters]
         self.round_counters = [np.frombuffer(m, dtype=np.int64, count=1, offset=_ROUNDS_AT)
                                for m in maps]
+        self.round_words = [futex.Word(counter) for counter in self.round_counters]
         self.round_slots = [np.frombuffer(m, dtype=np.uint64, count=2 * ROUND_WORDS,
                                           offset=_VECTORS_AT).reshape(2, ROUND_WORDS)
                             for m in maps]
@@ -115,25 +118,32 @@ class NodeMemory:
     def _arrive(self) -> None:
         self._arrivals += 1
         self._counters[self.rank][0] = self._arrivals
+        self._arrival_words[self.rank].wake()
         late = [k for k in range(self.size) if self._counters[k][0] < self._arrivals]
         if late:
             self._await(late, self._arrivals)
 
     def _await(self, late: list[int], arrivals: int) -> None:
         """Until every rank of ``late`` has arrived ``arrivals`` times: yielding the core
-        at first (peers here are usually microseconds away), then in short sleeps."""
+        at first (peers here are usually microseconds away), then asleep on the
+        counter of the first late rank, checking the late ranks every CHECK_S."""
+        counters = self._counters
+        for _ in range(self._yields):
+            os.sched_yield()
+            late = [k for k in late if counters[k][0] < arrivals]
+            if not late:
+                return
         started = time.monotonic()
-        next_check, spins = started + CHECK_S, 0
+        next_check = started + CHECK_S
         while late:
-            spins += 1
-            if spins <= self._yields:
-                os.sched_yield()
-            else:
-                time.sleep(NAP_S)
-            late = [k for k in late if self._counters[k][0] < arrivals]
-            if late and spins % 64 == 0 and time.monotonic() >= next_check:
-                self._check_peers(late, time.monotonic() - started)
-                next_check = time.monotonic() + CHECK_S
+            seen = int(counters[late[0]][0])
+            if seen < arrivals:
+                self._arrival_words[late[0]].wait(seen, next_check - time.monotonic())
+            late = [k for k in late if counters[k][0] < arrivals]
+            now = time.monotonic()
+            if late and now >= next_check:
+                self._check_peers(late, now - started)
+                next_check = now + CHECK_S
 
     def _check_peers(self, late: Sequence[int], waited_s: float) -> None:
         for k in late:
@@ -155,8 +165,8 @@ class NodeMemory:
 
     def close(self) -> None:
         """Unmap the segments (their files were removed when they were opened)."""
-        self._counters, self._halves = [], []
-        self.round_counters, self.round_slots = [], []
+        self._counters, self._halves, self._arrival_words = [], [], []
+        self.round_counters, self.round_slots, self.round_words = [], [], []
         for m in self._maps:
             m.close()
         self._maps = []
@@ -181,7 +191,18 @@ class NodeRound:
         memory, number = self._memory, self._started
         memory.round_slots[memory.rank][number % 2, : self._words] = self._vector
         memory.round_counters[memory.rank][0] = number     # stored after the vector
+        memory.round_words[memory.rank].wake()
         return NodeRoundPending(self, number)
+
+    def sleep(self, number: int, timeout_s: float) -> None:
+        """Asleep on the first rank that has not started round ``number``, up to
+        ``timeout_s``; returns at once if every rank has."""
+        memory = self._memory
+        for rank, counter in enumerate(memory.round_counters):
+            seen = int(counter[0])
+            if seen < number:
+                memory.round_words[rank].wait(seen, timeout_s)
+                return
 
     def finish(self, number: int) -> bool:
         """Whether round ``number`` is complete; if so, the vector holds its AND."""
@@ -197,8 +218,10 @@ class NodeRound:
 
 
 class NodeRoundPending:
-    """A started NodeRound, polled by the engine as an MPI request is (a test reads
-    one counter a rank)."""
+    """A started NodeRound: tested as an MPI request is (a test reads one counter a
+    rank), or waited on asleep (transport.BlockingPending): the engine's rounds wait
+    for ranks still in their backward pass, up to ~0.1 s, and polled, each wait cost
+    the engine hundreds of wake-ups (BENCHMARKS.md, "rounds sleep on a futex")."""
 
     def __init__(self, node_round: NodeRound, number: int) -> None:
         self._round, self._number, self._done = node_round, number, False
@@ -208,10 +231,22 @@ class NodeRoundPending:
             self._done = self._round.finish(self._number)
         return self._done
 
+    def wait_for(self, timeout_s: float) -> bool:
+        """Asleep until complete or ``timeout_s`` has passed; True once complete."""
+        deadline = time.monotonic() + timeout_s
+        while not self.Test():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._round.sleep(self._number, left)
+        return True
+
 
 def _unsupported_here(directory: Path) -> Optional[str]:
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return f"{platform.system()} on {platform.machine()} (x86-64 Linux only)"
+    if not futex.available():
+        return "no futex through libc's syscall"
     if not directory.is_dir():
         return f"no {directory}"
     return None
@@ -291,3 +326,4 @@ def _map(path: Path, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+

@@ -52,9 +52,10 @@ class Pending(Protocol):
 
 
 class BlockingPending(Pending, Protocol):
-    """A pending operation that a library runs on threads of its own (torch's Gloo),
-    which the engine can wait on blocked instead of polling (waiting.RoundWaiter): a
-    poll there only tests a flag, and each poll is a wake-up taken from training."""
+    """A pending operation the engine can wait on blocked instead of polling
+    (waiting.RoundWaiter): one that a library runs on threads of its own (torch's Gloo),
+    or a round through the node's shared memory (asleep on a futex). A poll there only
+    tests a flag, and each poll is a wake-up taken from training."""
 
     def wait_for(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` seconds; True once complete. A failed operation

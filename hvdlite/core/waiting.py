@@ -6,7 +6,8 @@ thread blocked in ``synchronize()``, or local work submitted during the wait
 (the first gradient of a step). Otherwise it sleeps in growing pauses, leaving
 the CPU to training, which on a core per rank would lose whatever a spinning
 engine takes. Its pauses end early when a user thread rings the doorbell. Rounds
-that a library runs on threads of its own (torch's Gloo) it waits on blocked.
+that can be waited on asleep (torch's Gloo, on threads of its own; the node's shared
+memory, on a futex) it waits on blocked.
 """
 from __future__ import annotations
 

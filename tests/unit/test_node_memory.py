@@ -292,3 +292,52 @@ def test_a_vector_longer_than_the_header_holds_takes_the_transports_round(
         return memory.band_round(fits) is not None, memory.band_round(too_long) is None
 
     assert run_transports(2, steps) == [(True, True)] * 2
+
+
+def test_a_round_waited_on_sleeps_until_the_last_rank_starts_it(
+        tmp_path: Path) -> None:
+    """The engine waits on a round blocked (wait_for): asleep, taking no CPU while the
+    last rank is late, and woken by that rank's start, not by the end of its limit."""
+    def steps(t: ThreadTransport) -> Optional[tuple[bool, bool, float, float]]:
+        memory = _opened(t, tmp_path)
+        assert memory is not None
+        band = memory.band_round(array.array("Q", [2**64 - 1]))
+        assert band is not None
+        if t.rank == 1:
+            t.allgather("late")
+            time.sleep(0.3)
+            assert band.start().wait_for(30.0)
+            return None
+        pending = band.start()
+        too_soon = pending.wait_for(0.05)
+        t.allgather("waiting")
+        started, cpu = time.monotonic(), time.thread_time()
+        done = pending.wait_for(30.0)
+        return too_soon, done, time.monotonic() - started, time.thread_time() - cpu
+
+    too_soon, done, waited, cpu = run_transports(2, steps)[0]
+    assert (too_soon, done) == (False, True)
+    assert 0.2 < waited < 10.0 and cpu < 0.05
+
+
+def test_a_rank_waiting_for_a_late_peer_in_an_allreduce_sleeps_until_it_arrives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its yields a waiting rank sleeps on the late peer's counter, woken by the
+    peer's arrival (with checks of its process 30 s apart, nothing else would)."""
+    monkeypatch.setattr(node_memory, "CHECK_S", 30.0)
+    monkeypatch.setattr(node_memory, "YIELD_SPINS", 0)
+    monkeypatch.setattr(node_memory, "YIELD_SPINS_OWN_CORES", 0)
+
+    def steps(t: ThreadTransport) -> tuple[float, float]:
+        memory = _opened(t, tmp_path)
+        assert memory is not None
+        buf = np.full(10, float(t.rank + 1))
+        if t.rank == 1:
+            time.sleep(0.3)
+        started, cpu = time.monotonic(), time.thread_time()
+        memory.allreduce(buf, ReduceOp.SUM)
+        assert (buf == 3.0).all()
+        return time.monotonic() - started, time.thread_time() - cpu
+
+    waited, cpu = run_transports(2, steps)[0]
+    assert 0.2 < waited < 10.0 and cpu < 0.05
