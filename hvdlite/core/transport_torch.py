@@ -233,7 +233,19 @@ class TorchTransport:
         return node
 
     def free(self) -> None:
-        """Nothing: torch frees its groups with the default group, at shutdown."""
+        """Release the group and the node's shared memory of a split no longer used (by
+        every member, as MPI's Comm_free). A Gloo group keeps a thread of its own that
+        wakes a hundred times a second however idle the group: kept to shutdown, the
+        splits that init() makes and frees cost every rank 300 such wake-ups a second
+        through training (BENCHMARKS.md, "freed groups"). The world's group is the
+        job's, left to torch."""
+        if self._node_memory is not None:
+            self._node_memory.close()
+            self._node_memory = None
+        self._node_memory_tried = True      # freed: no memory is opened again
+        if self.group is not dist.group.WORLD and dist.is_initialized():
+            dist.destroy_process_group(self.group)
+            self.group = None
 
     def device_group(self, backend: str) -> Any:
         """A c10d process group of this transport's members, in our rank order, on

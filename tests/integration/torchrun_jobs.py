@@ -140,6 +140,7 @@ def shared_memory() -> None:
 
     transport_torch.open_node_memory = recorded        # type: ignore[assignment]
     hvd.init()
+    loops_after_init = _gloo_loop_threads()
     rank, size = hvd.rank(), hvd.size()
     ramp = np.arange(1_000_003, dtype=np.float32)      # 4 MB: spans chunks of 2 MiB
     total = hvd.allreduce(ramp * (rank + 1), op=hvd.Sum, name="ramp")
@@ -157,8 +158,24 @@ def shared_memory() -> None:
     hvd.allreduce(np.zeros(1), name="done")
     from hvdlite.api.runtime import RUNTIME
     world_round = type(RUNTIME.engine.registry.members()[0].round._band).__name__
-    print(f"SHM rank {rank} opened={opened} round={world_round}", flush=True)
+    print(f"SHM rank {rank} opened={opened} round={world_round} gloo loops: "
+          f"{loops_after_init} after init, {_gloo_loop_threads()} after a set came and went",
+          flush=True)
     hvd.shutdown()
+
+
+def _gloo_loop_threads() -> int:
+    """Gloo's threads of this process: one a process group, each waking 100 times a
+    second however idle its group."""
+    import glob
+    names = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(comm) as file:
+                names.append(file.read().strip())
+        except OSError:         # a thread that ended as we looked
+            pass
+    return names.count("gloo_tcp_loop")
 
 
 def lost_in_shared_memory() -> None:
