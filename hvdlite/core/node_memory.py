@@ -51,11 +51,11 @@ _ROUNDS_AT, _VECTORS_AT = 8, 64       # byte offsets in the header (the arrivals
 ROUND_WORDS = (HEADER_BYTES - _VECTORS_AT) // 16    # two slots of a round's vector
 CHECK_S = 0.1               # how often a waiting rank checks its late peers' processes
 # A rank waiting inside an allreduce yields the core this many times, then sleeps on
-# the late peer's counter. Where ranks share cores (4 on 2 here), a longer spin took
-# the CPU the late rank needed (engine 10 ms of CPU a step on the MLP at np=4 with 2000
-# yields, 4 ms with 0-50); with a core each, nobody needs it.
+# the late peer's counter. Longer spins took CPU that training needed: 2,000 yields cost
+# the MLP 10 ms of engine CPU a step at np=4 on 2 cores (4 ms with 0-50), and 20,000
+# where ranks had a core each cost the transformer 18 ms against 12 at np=2 (34.9
+# samples/s against 33.5), now that the sleep ends at the peer's arrival.
 YIELD_SPINS = 50
-YIELD_SPINS_OWN_CORES = 20000
 _KINDS = frozenset("biufc")     # NumPy's own numbers; any other dtype takes the transport
 
 
@@ -77,8 +77,6 @@ class NodeMemory:
         self._halves = [np.frombuffer(m, dtype=np.uint8, offset=HEADER_BYTES) for m in maps]
         self._scratch = np.empty(half_bytes, dtype=np.uint8)
         self._arrivals, self._next_half = 0, 0
-        self._yields = YIELD_SPINS if self.size > len(os.sched_getaffinity(0)) \
-            else YIELD_SPINS_OWN_CORES
 
     @staticmethod
     def reduces(dtype: np.dtype, op: ReduceOp) -> bool:
@@ -128,7 +126,7 @@ class NodeMemory:
         at first (peers here are usually microseconds away), then asleep on the
         counter of the first late rank, checking the late ranks every CHECK_S."""
         counters = self._counters
-        for _ in range(self._yields):
+        for _ in range(YIELD_SPINS):
             os.sched_yield()
             late = [k for k in late if counters[k][0] < arrivals]
             if not late:

@@ -326,7 +326,6 @@ def test_a_rank_waiting_for_a_late_peer_in_an_allreduce_sleeps_until_it_arrives(
     peer's arrival (with checks of its process 30 s apart, nothing else would)."""
     monkeypatch.setattr(node_memory, "CHECK_S", 30.0)
     monkeypatch.setattr(node_memory, "YIELD_SPINS", 0)
-    monkeypatch.setattr(node_memory, "YIELD_SPINS_OWN_CORES", 0)
 
     def steps(t: ThreadTransport) -> tuple[float, float]:
         memory = _opened(t, tmp_path)
