@@ -50,7 +50,7 @@ class Word:
 
     def __init__(self, counter: np.ndarray) -> None:
         assert _syscall is not None, "futex.Word needs x86-64 Linux (futex.available())"
-        self._counter = counter
+        self._counter = counter     # its mapping must outlive the address taken below
         self._address = ctypes.c_void_p(counter.ctypes.data)
         self._wake_args = (ctypes.c_long(_SYS_FUTEX_X86_64), self._address,
                            ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(_EVERYONE), None, None,

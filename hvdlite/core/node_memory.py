@@ -18,10 +18,10 @@ ahead of the last arrival).
 An arrival is a counter stored in the rank's own header and read by the others; a rank
 that waits for it sleeps on it (hvdlite/core/futex.py), and the rank that stores it
 wakes its sleepers. That the data written before it is seen before it relies on the
-x86-64 memory model (stores are seen in order); elsewhere, and where the ranks do not share a host and /dev/shm,
-``open_node_memory`` returns None and the transport's own collective is used. A waiting
-rank checks its late peers' processes, so a peer that exited fails the allreduce within
-``CHECK_S`` instead of hanging it.
+x86-64 memory model (stores are seen in order); elsewhere, and where the ranks do not
+share a host and /dev/shm, ``open_node_memory`` returns None and the transport's own
+collective is used. A waiting rank checks its late peers' processes, so a peer that
+exited fails the allreduce within ``CHECK_S`` instead of hanging it.
 """
 from __future__ import annotations
 
@@ -324,4 +324,3 @@ def _map(path: Path, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
-
