@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 SEARCH_TERM = "DistributedOptimizer"
-API_PAGE = "api/torch/"
+API_PAGE = "api/torch.html"
 API_ANCHOR = "hvdlite.torch.optimizer.DistributedOptimizer"
 PARAMETERS = ("optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
               "gradient_predivide_factor", "groups", "sparse_as_dense", "process_set")
-GUIDE_PAGE = "guide/performance/"
+GUIDE_PAGE = "guide/performance.html"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
 

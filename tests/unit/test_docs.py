@@ -41,6 +41,9 @@ def test_the_site_runs_the_generators() -> None:
     config = (ROOT / "mkdocs.yml").read_text()
     assert re.search(r"^hooks:\s*\n\s*- docs/hooks\.py", config, re.M)
     assert re.search(r"^strict: true", config, re.M)
+    # The README says to open site/index.html: over file:// a link to a folder opens a
+    # directory listing, so every link must name its .html file.
+    assert re.search(r"^use_directory_urls: false", config, re.M)
     page = (DOCS / "configuration.md").read_text()
     assert "<!-- generated: configuration -->" in page
     assert "<!-- generated: ops -->" in (DOCS / "api" / "hvdlite.md").read_text()
