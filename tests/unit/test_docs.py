@@ -8,11 +8,13 @@ names that is gone or whose size it misstates.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import inspect
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Optional
 
 import pytest
 
@@ -141,3 +143,222 @@ def test_architecture_names_every_backend() -> None:
     backends = {p.stem for p in (ROOT / "hvdlite" / "backends").glob("*.py")} - {"__init__"}
     missing = [b for b in backends if f"hvdlite/backends/{b}.py" not in ARCHITECTURE]
     assert not missing, f"ARCHITECTURE.md does not place {missing}"
+
+
+# The names the maintainers' page and the guides give in backticks, checked against the
+# code. A token is checked when it can only mean hvdlite's code:
+# - a dotted name from `hvdlite.` (`hvdlite.core.liveness.Monitor`), imported and looked up;
+# - `hvd.NAME`: a name of hvdlite or of one of its bindings;
+# - `module.name` whose first part is a module or package the same page names as a file
+#   or folder (`liveness.gather` where the page names `liveness.py`), looked up in every
+#   hvdlite module of that name, or on a class defined there (`chain.pick`: a chain's);
+# - `Class.attr` where every top-level definition of that name in hvdlite is a class;
+# - a module path followed by names: "`fusion.py` (`plan_groups`, ...)", "`engine.py`'s
+#   `Engine`", "`Engine` in `hvdlite/core/engine.py`": each name must be in that module.
+# Anything else (`torch.distributed`, `model.fit`, a setting, a value) is the reader's code
+# or another project's, and is not checked. Fenced blocks run in test_docs_examples.
+NAMED_PAGES = [DOCS / "ARCHITECTURE.md", DOCS / "dev" / "testing.md",
+               *sorted((DOCS / "guide").glob("*.md"))]
+PACKAGE = ROOT / "hvdlite"
+MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                 for p in PACKAGE.rglob("*.py"))
+BINDINGS = ("hvdlite", "hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras")
+FRAMEWORKS = {binding.rsplit(".", 1)[1] for binding in BINDINGS[1:]}
+DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+FILE = re.compile(r"\.(py|json|png|txt|pkl|sbatch|conf|yml|so|md)$")    # a file, not a name
+
+
+class Unknowable(Exception):
+    """The name lives in a module whose framework is not installed here."""
+
+
+def _import(module: str) -> Optional[ModuleType]:
+    """The module, None when it does not exist; Unknowable when a dependency is missing."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module == error.name
+                                       or module.startswith(error.name + ".")):
+            return None
+        raise Unknowable(module) from error
+    except ImportError as error:
+        raise Unknowable(module) from error
+
+
+def _lookup(module: str, attributes: list[str]) -> bool:
+    """Whether module.attr1.attr2... exists: an attribute, a submodule not yet imported,
+    or an attribute a class's instances get (``self.name = ...``, a dataclass field)."""
+    found: object = _import(module)
+    if found is None:
+        return False
+    for index, attribute in enumerate(attributes):
+        if hasattr(found, attribute):
+            found = getattr(found, attribute)
+        elif inspect.ismodule(found):
+            return _lookup(f"{found.__name__}.{attribute}", attributes[index + 1:])
+        else:
+            return (inspect.isclass(found) and index == len(attributes) - 1
+                    and _instance_attribute(found, attribute))
+    return True
+
+
+def _instance_attribute(cls: type, name: str) -> bool:
+    for klass in cls.__mro__:
+        if name in vars(klass).get("__annotations__", {}):
+            return True
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if re.search(rf"\bself\.{name}\s*(?::[^=]*)?=[^=]", source):
+            return True
+    return False
+
+
+def _resolves(parts: list[str]) -> bool:
+    """hvdlite.a.b.c: the longest importable prefix, then attributes."""
+    for split in range(len(parts), 0, -1):
+        module = ".".join(parts[:split])
+        if _import(module) is not None:
+            return _lookup(module, parts[split:])
+    return False
+
+
+def _any_resolves(candidates: list[list[str]]) -> bool:
+    """Whether one of several readings resolves; Unknowable only if none does and one
+    could not be tried."""
+    unknowable = None
+    for parts in candidates:
+        try:
+            if _resolves(parts):
+                return True
+        except Unknowable as error:
+            unknowable = error
+    if unknowable is not None:
+        raise unknowable
+    return False
+
+
+def _definitions() -> dict[str, list[tuple[str, bool]]]:
+    """Every class and function hvdlite defines at a module's top level:
+    name -> (module, whether a class)."""
+    import ast
+    found: dict[str, list[tuple[str, bool]]] = {}
+    for module in MODULES:
+        path = ROOT / Path(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                found.setdefault(node.name, []).append(
+                    (module, isinstance(node, ast.ClassDef)))
+    return found
+
+
+DEFINITIONS = _definitions()
+# A name that is only ever a class (DistributedOptimizer is a class in one binding and a
+# function returning one in others: its attributes cannot be looked up by name).
+CLASSES = {name: [module for module, _ in where] for name, where in DEFINITIONS.items()
+           if all(is_class for _, is_class in where)}
+CLASSES_IN = {module: [name for name, where in DEFINITIONS.items()
+                       if (module, True) in where] for module in MODULES}
+
+
+def _modules_for_path(path: str) -> list[str]:
+    """The hvdlite modules a backticked path means: hvdlite/core/x.py one, x.py any."""
+    dotted = path.removesuffix(".py").removesuffix("/").replace("/", ".")
+    dotted = dotted.removesuffix(".__init__")
+    if dotted.startswith("hvdlite"):
+        return [dotted] if dotted in MODULES else []
+    return [m for m in MODULES if m.endswith("." + dotted)]
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced blocks and HTML comments."""
+    text = re.sub(r"^ *(`{3,}).*?^ *\1 *$", "", page.read_text(), flags=re.S | re.M)
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S)
+
+
+def _bare(token: str) -> str:
+    """`name()` and `name(args)` are the name."""
+    return token.split("(", 1)[0] if token.endswith(")") else token
+
+
+def _readings(token: str, named: set[str]) -> Optional[list[list[str]]]:
+    """The ways a dotted token can name hvdlite's code on this page; None: not hvdlite's."""
+    parts = token.split(".")
+    if parts[0] == "hvdlite":
+        return [parts]
+    if parts[0] == "hvd":
+        return [[*binding.split("."), *parts[1:]] for binding in BINDINGS]
+    if parts[0] in FRAMEWORKS:        # `torch.distributed` is torch's, not hvdlite.torch's
+        return None
+    if parts[0] in named:             # the module's name, or an object of its class
+        modules = [(m, k) for m in MODULES for k in range(1, len(parts))
+                   if m.endswith("." + ".".join(parts[:k]))]
+        return [[*m.split("."), *within, *parts[k:]]
+                for m, k in modules for within in [[], *([c] for c in CLASSES_IN[m])]]
+    if parts[0] in CLASSES:
+        return [[*m.split("."), *parts] for m in CLASSES[parts[0]]]
+    return None
+
+
+def _names_next_to_paths(text: str) -> list[tuple[str, str]]:
+    """(path, name) for names a page places in a module by its path."""
+    path = r"`(?P<path>(?:hvdlite/)?[\w/]+\.py)`"
+    name = r"`(?P<name>[A-Za-z_]\w*)(?:\(\))?`"
+    pairs = []
+    for match in re.finditer(path + r"(?:'s)? \((?P<inner>[^)]*)\)", text):
+        pairs += [(match["path"], inner) for inner in re.findall(
+            r"`([A-Za-z_]\w*)(?:\(\))?`", match["inner"])]
+    for pattern in (path + "'s " + name, name + " in " + path):
+        pairs += [(match["path"], match["name"]) for match in re.finditer(pattern, text)]
+    return [(p, n) for p, n in pairs if not n.startswith(("HVDLITE_", "HOROVOD_"))]
+
+
+def unresolved_names(page: Path) -> list[str]:
+    """What the page names in backticks that the code does not have."""
+    text = _prose(page)
+    tokens = [_bare(t) for t in re.findall(r"`([^`\n]+)`", text)]
+    named = {p.removesuffix(".py").rstrip("/").rsplit("/", 1)[-1] for p in tokens
+             if re.fullmatch(r"(?:hvdlite/)?[\w/]+(?:\.py|/)", p) and _modules_for_path(p)}
+    missing = []
+    for token in sorted({t for t in tokens if DOTTED.fullmatch(t) and not FILE.search(t)}):
+        readings = _readings(token, named)
+        try:
+            if readings is not None and not _any_resolves(readings):
+                missing.append(f"`{token}`")
+        except Unknowable:
+            pass
+    for path, name in sorted(set(_names_next_to_paths(text))):
+        modules = _modules_for_path(path)
+        try:
+            if modules and not _any_resolves([[*m.split("."), name] for m in modules]):
+                missing.append(f"`{name}` in `{path}`")
+        except Unknowable:
+            pass
+    return missing
+
+
+@pytest.mark.parametrize("page", NAMED_PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_name_a_page_gives_exists(page: Path) -> None:
+    missing = unresolved_names(page)
+    assert not missing, (f"{page.relative_to(ROOT)} names what the code does not have: "
+                         f"{', '.join(missing)}")
+
+
+def test_the_name_check_reports_each_kind_of_absent_name(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "The engine (`hvdlite/core/engine.py`, `liveness.py`) gathers with "
+        "`liveness.gather` and `hvdlite.core.liveness.no_such`; `hvd.no_such_op()`; "
+        "`Engine.no_such_method`; `fusion.py` (`plan_groups`, `no_such_plan`); "
+        "`engine.py`'s `NoSuchEngine`; `NoSuchTransport` in `hvdlite/core/transport.py`.\n"
+        "Present: `liveness.patient_tick_s`, `hvdlite.core.liveness.Monitor`, "
+        "`hvd.allreduce`, `Engine.submit`, `HostBackend.declined` (set in __init__), "
+        "`Transport` in `hvdlite/core/transport.py`. Not hvdlite's: `torch.distributed`, "
+        "`model.fit`, `registry.nothing` (this page names no registry.py).\n"
+        "```python\nliveness.in_a_block_is_not_prose\n```\n")
+    assert set(unresolved_names(page)) == {
+        "`Engine.no_such_method`", "`hvd.no_such_op`", "`hvdlite.core.liveness.no_such`",
+        "`liveness.gather`", "`NoSuchEngine` in `engine.py`",
+        "`NoSuchTransport` in `hvdlite/core/transport.py`", "`no_such_plan` in `fusion.py`"}
