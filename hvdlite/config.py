@@ -110,11 +110,11 @@ class Config:
     shared_memory: bool = _knob(
         True, parse_bool,
         "Under torchrun, where every rank of a process set is on one x86-64 Linux host, "
-        "allreduce host data through the node's shared memory (/dev/shm, 4 MiB per rank "
+        "allreduce host data through the node's shared memory (anonymous, 4 MiB per rank "
         "and set) instead of Gloo's TCP over loopback, which took 2.4-3.6 times as long "
         "as MPICH (BENCHMARKS.md). The ranks fall back to Gloo together, logged by rank 0, "
-        "where they span hosts or a segment cannot be made; 0 always uses Gloo. MPI "
-        "libraries use the node's memory on their own.")
+        "where they span hosts or a segment cannot be made or opened; 0 always uses Gloo. "
+        "MPI libraries use the node's memory on their own.")
     gpu_allreduce: str = _knob(
         "nccl", _choice("nccl", "mpi"),
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "

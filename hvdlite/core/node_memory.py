@@ -19,19 +19,19 @@ An arrival is a counter stored in the rank's own header and read by the others; 
 that waits for it sleeps on it (hvdlite/core/futex.py), and the rank that stores it
 wakes its sleepers. That the data written before it is seen before it relies on the
 x86-64 memory model (stores are seen in order); elsewhere, and where the ranks do not
-share a host and /dev/shm, ``open_node_memory`` returns None and the transport's own
-collective is used. A waiting rank checks its late peers' processes, so a peer that
-exited fails the allreduce within ``CHECK_S`` instead of hanging it.
+share a host, ``open_node_memory`` returns None and the transport's own collective is
+used. A waiting rank checks its late peers' processes, so a peer that exited fails the
+allreduce within ``CHECK_S`` instead of hanging it.
 """
 from __future__ import annotations
 
 import array
+import errno
 import logging
 import mmap
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -162,7 +162,7 @@ class NodeMemory:
         return NodeRound(self, vector) if len(vector) <= ROUND_WORDS else None
 
     def close(self) -> None:
-        """Unmap the segments (their files were removed when they were opened)."""
+        """Unmap the segments (nothing else holds them: each goes with its last mapping)."""
         self._counters, self._halves, self._arrival_words = [], [], []
         self.round_counters, self.round_slots, self.round_words = [], [], []
         for m in self._maps:
@@ -240,26 +240,25 @@ class NodeRoundPending:
         return True
 
 
-def _unsupported_here(directory: Path) -> Optional[str]:
+def _unsupported_here() -> Optional[str]:
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return f"{platform.system()} on {platform.machine()} (x86-64 Linux only)"
     if not futex.available():
         return "no futex through libc's syscall"
-    if not directory.is_dir():
-        return f"no {directory}"
+    if not hasattr(os, "memfd_create"):
+        return "no os.memfd_create in this Python"
     return None
 
 
-def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
-                     half_bytes: int = HALF_BYTES, timeout_s: float = 1800.0,
+def open_node_memory(transport: Any, half_bytes: int = HALF_BYTES, timeout_s: float = 1800.0,
                      host: Optional[str] = None) -> Optional[NodeMemory]:
     """Collective over ``transport``'s ranks: every rank's segment mapped by every rank,
     or None on every rank, with the reason logged by rank 0, where the ranks do not
     share a host (``host``: this one's name), or a segment could not be made or
-    mapped (a full /dev/shm). Each file is removed once every rank has mapped it, so
-    nothing is left behind."""
+    opened by a peer. Segments have no name, so another process can neither take one
+    nor be left with one."""
     me = identity(transport.rank)
-    facts = transport.allgather((host or me.host, me, _unsupported_here(directory)))
+    facts = transport.allgather((host or me.host, me, _unsupported_here()))
     peers = [peer for _, peer, _ in facts]
     reason = next((why for _, _, why in facts if why), None)
     if reason is None and len({host for host, _, _ in facts}) > 1:
@@ -270,9 +269,7 @@ def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
         # from a late one through /proc.
         reason = "the ranks cannot see each other's processes (another pid namespace)"
     if reason is None:
-        token = transport.bcast(os.urandom(8).hex() if transport.rank == 0 else None)
-        paths = [directory / f"hvdlite_{token}_{k}" for k in range(transport.size)]
-        memory, reason = _map_segments(transport, paths, peers, half_bytes, timeout_s)
+        memory, reason = _map_segments(transport, peers, half_bytes, timeout_s)
         if memory is not None:
             return memory
     if transport.rank == 0:
@@ -280,24 +277,27 @@ def open_node_memory(transport: Any, directory: Path = Path("/dev/shm"),
     return None
 
 
-def _map_segments(transport: Any, paths: Sequence[Path], peers: Sequence[Peer],
-                  half_bytes: int, timeout_s: float) -> tuple[Optional[NodeMemory], str]:
-    """Each rank makes its own segment, then maps every rank's; each step agreed by
-    every rank (an allgather of what failed) before the next."""
-    mine, maps = paths[transport.rank], []
+def _map_segments(transport: Any, peers: Sequence[Peer], half_bytes: int,
+                  timeout_s: float) -> tuple[Optional[NodeMemory], str]:
+    """Each rank makes its own segment, anonymous memory (memfd), then maps every rank's
+    through its owner's descriptor (/proc/PID/fd/FD: the kernel lets only processes
+    that may read the owner's memory open it, so not another user's); each step
+    agreed by every rank (an allgather of what failed) before the next. The owner
+    holds its descriptor until every rank has mapped it or given up; from then on the
+    mappings alone hold the memory, and it goes with the last of them, whichever way
+    its processes end."""
     size = HEADER_BYTES + 2 * half_bytes
-    failed = [e for e in transport.allgather(_create(mine, size)) if e]
+    fd, error = _create(transport.rank, size)
+    maps: list[mmap.mmap] = []
     try:
+        made = transport.allgather((error, None if fd is None else _handle(fd)))
+        failed = [e for e, _ in made if e]
         if not failed:
-            error = None
-            try:
-                maps = [_map(path, size) for path in paths]
-            except OSError as exc:
-                error = f"rank {transport.rank} could not map a segment: {exc}"
+            maps, error = _map_all(transport.rank, [h for _, h in made], size)
             failed = [e for e in transport.allgather(error) if e]
     finally:
-        # Every rank has mapped every file (or given up): no file needs its name now.
-        mine.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
     if failed:
         for m in maps:
             m.close()
@@ -305,22 +305,52 @@ def _map_segments(transport: Any, paths: Sequence[Path], peers: Sequence[Peer],
     return NodeMemory(transport.rank, peers, maps, timeout_s, half_bytes), ""
 
 
-def _create(path: Path, size: int) -> Optional[str]:
+def _create(rank: int, size: int) -> tuple[Optional[int], Optional[str]]:
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            # Reserves the pages now: a full tmpfs fails here, not with SIGBUS later.
-            os.posix_fallocate(fd, 0, size)
-        finally:
-            os.close(fd)
+        fd = os.memfd_create("hvdlite", os.MFD_CLOEXEC)
     except OSError as exc:
-        return f"could not make {path} ({size} bytes): {exc}"
-    return None
+        return None, f"rank {rank} could not make a segment: {exc}"
+    try:
+        # Reserves the pages now: memory that runs out fails here, not with SIGBUS later.
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        os.close(fd)
+        return None, f"rank {rank} could not reserve its segment ({size} bytes): {exc}"
+    return fd, None
 
 
-def _map(path: Path, size: int) -> mmap.mmap:
+def _handle(fd: int) -> tuple[int, int, int, int]:
+    """What a peer needs to open the segment behind ``fd``, and to know it for this one
+    (device and inode: a pid reused since could hold another file under that number)."""
+    stat = os.fstat(fd)
+    return os.getpid(), fd, stat.st_dev, stat.st_ino
+
+
+def _map_all(rank: int, handles: Sequence[tuple[int, int, int, int]],
+             size: int) -> tuple[list[mmap.mmap], Optional[str]]:
+    """Every rank's segment mapped, or none and why not."""
+    maps: list[mmap.mmap] = []
+    for owner, handle in enumerate(handles):
+        try:
+            maps.append(_map(handle, size))
+        except OSError as exc:
+            for m in maps:
+                m.close()
+            hint = (" (a process may open another's only if it may read that one's memory: "
+                    "the same user, and not made undumpable)"
+                    if isinstance(exc, PermissionError) else "")
+            return [], f"rank {rank} could not map rank {owner}'s segment: {exc}{hint}"
+    return maps, None
+
+
+def _map(handle: tuple[int, int, int, int], size: int) -> mmap.mmap:
+    pid, number, device, inode = handle
+    path = f"/proc/{pid}/fd/{number}"
     fd = os.open(path, os.O_RDWR)
     try:
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) != (device, inode):
+            raise FileNotFoundError(errno.ESRCH, "its process has ended", path)
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)

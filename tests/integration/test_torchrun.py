@@ -136,6 +136,62 @@ def test_host_data_goes_through_the_nodes_shared_memory_unless_turned_off(
                 "2 after init, 2 after a set came and went") in output, output
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_rank_whose_segment_its_peers_cannot_open_makes_every_rank_use_gloo(
+        nproc: int) -> None:
+    """The last rank is undumpable: no other process may open its files through /proc
+    (the ranks run without CAP_SYS_PTRACE, as an ordinary user's do). Every rank falls
+    back to Gloo together (the world, and at 4 the odd ranks' set), rank 0 says why,
+    the results are right, and no rank holds a segment."""
+    last = nproc - 1
+    output = torchrun("shared_memory", nproc, without_mpi4py=True, UNDUMPABLE_RANK=str(last),
+                      HVDLITE_LOG_LEVEL="info")
+    for rank in range(nproc):
+        opened = [False] * (2 if nproc == 4 and rank % 2 else 1)
+        assert f"SHM rank {rank} opened={opened} round=TorchRound " in output, output
+        assert f"SEGMENTS rank {rank} held=0" in output, output
+    why = "INFO: hvdlite: host data over gloo, not shared memory: rank 0 could not map rank"
+    assert f"[hvdlite rank 0] {why} {last}'s segment: [Errno 13] Permission denied" in output, \
+        output
+    if nproc == 4:     # the odd ranks' set says it by its own rank 0, in its own numbering
+        assert f"[hvdlite rank 1] {why} 1's segment: [Errno 13] Permission denied" in output, \
+            output
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_rank_killed_in_the_shared_memory_set_up_leaves_nothing(
+        nproc: int, tmp_path: Path) -> None:
+    """Rank 1 dies at the set-up's second exchange, holding the segment it made: nothing
+    that appeared in /dev/shm while it set up is left once the job has ended (what MPI
+    jobs or live processes elsewhere on the machine hold is theirs)."""
+    import fnmatch
+    import json
+
+    from hvdlite.runner import leftovers
+    seen_file = tmp_path / "seen.json"
+    output = torchrun("dies_in_shared_memory_setup", nproc, without_mpi4py=True,
+                      succeeds=False, SHM_SEEN=str(seen_file))
+    assert seen_file.exists(), output
+    seen = json.loads(seen_file.read_text())
+    shm = Path("/dev/shm")
+
+    def mpis(name: str) -> bool:            # another job's (leftovers.PLACES: MPI's only)
+        return any(fnmatch.fnmatch(name, pattern) for pattern in leftovers.PLACES[shm])
+
+    # It had made its segment: it held it, or it had appeared in /dev/shm.
+    assert seen["held"] or [name for name in seen["new"] if not mpis(name)], output
+    in_use = leftovers.mapped()
+
+    def left(name: str, inode: int) -> bool:
+        try:
+            same = (shm / name).stat().st_ino == inode
+        except OSError:
+            return False
+        return same and str(shm / name) not in in_use and not mpis(name)
+
+    assert [name for name, inode in seen["new"].items() if left(name, inode)] == [], output
+
+
 def test_a_rank_that_exits_inside_a_shared_memory_allreduce_is_a_lost_peer() -> None:
     """The survivors wait for its arrival in shared memory, not in Gloo: they find its
     process gone (hvdlite/core/node_memory.py) and report the loss with its cause."""

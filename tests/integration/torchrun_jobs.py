@@ -128,8 +128,14 @@ def shared_memory() -> None:
     """Host data through the node's shared memory (over Gloo with
     HVDLITE_SHARED_MEMORY=0): values every rank can check, in the world and in a
     process set; each rank says which way its world's data went."""
+    import os
+
     import hvdlite as hvd
     from hvdlite.core import transport_torch
+    if "UNDUMPABLE_RANK" in os.environ:
+        _without_ptrace_capability()
+        if os.environ["UNDUMPABLE_RANK"] == os.environ["RANK"]:
+            _undumpable()
     opened: list[bool] = []          # each transport's outcome, as it opens at its first allreduce
     open_node_memory = transport_torch.open_node_memory
 
@@ -161,7 +167,102 @@ def shared_memory() -> None:
     print(f"SHM rank {rank} opened={opened} round={world_round} gloo loops: "
           f"{loops_after_init} after init, {_gloo_loop_threads()} after a set came and went",
           flush=True)
+    print(f"SEGMENTS rank {rank} held={len(_held_segments())}", flush=True)
     hvd.shutdown()
+
+
+def _undumpable() -> None:
+    """This process made undumpable (prctl PR_SET_DUMPABLE 0), as a setuid program or a
+    hardened service is: other processes of its user may no longer open its files
+    through /proc/PID/fd."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:                  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _without_ptrace_capability() -> None:
+    """CAP_SYS_PTRACE out of this process's capabilities, as an ordinary user's process
+    has it (root's may open any process's files through /proc/PID/fd). Out of the
+    permitted ones too: the kernel lets a process without it open the files of one only
+    whose permitted capabilities its own effective ones include."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)       # _LINUX_CAPABILITY_VERSION_3, self
+    data = (ctypes.c_uint32 * 6)()                      # effective, permitted, inheritable x2
+    if libc.capget(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    data[0] &= ~(1 << 19)                               # CAP_SYS_PTRACE: effective,
+    data[1] &= ~(1 << 19)                               # permitted
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _held_segments() -> list[str]:
+    """This process's descriptors and mappings of node-memory segments."""
+    import os
+    from pathlib import Path
+    held = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith("/memfd:hvdlite"):
+                held.append(str(fd))
+        except OSError:         # closed as we looked
+            pass
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return held + [line for line in maps if "/memfd:hvdlite" in line]
+
+
+def dies_in_shared_memory_setup() -> None:
+    """Rank 1 SIGKILLs itself at its second exchange of the node memory's set-up, once
+    its segment is made: what was new in /dev/shm then, and the segments it held, go
+    to SHM_SEEN (JSON) for the test to look for after the job. The others' init or
+    first allreduce fails; torchrun ends them."""
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    import hvdlite as hvd
+    from hvdlite.core import transport_torch
+
+    def entries() -> dict[str, int]:
+        found = {}
+        for path in Path("/dev/shm").iterdir():
+            try:
+                found[path.name] = path.stat().st_ino
+            except OSError:      # removed as we looked
+                pass
+        return found
+
+    before = entries()
+    open_node_memory, allgather = transport_torch.open_node_memory, \
+        transport_torch.TorchTransport.allgather
+    set_up = {"begun": False, "exchanges": 0}
+
+    def opening(*args: object, **kwargs: object) -> object:
+        set_up["begun"] = True
+        return open_node_memory(*args, **kwargs)       # type: ignore[arg-type]
+
+    def exchange(self: transport_torch.TorchTransport, obj: object) -> list[object]:
+        if set_up["begun"] and dist.get_rank() == 1:
+            set_up["exchanges"] += 1
+            if set_up["exchanges"] == 2:
+                new = {n: i for n, i in entries().items() if before.get(n) != i}
+                Path(os.environ["SHM_SEEN"]).write_text(
+                    json.dumps({"new": new, "held": _held_segments()}))
+                os.kill(os.getpid(), signal.SIGKILL)
+        return allgather(self, obj)
+
+    transport_torch.open_node_memory = opening                   # type: ignore[assignment]
+    transport_torch.TorchTransport.allgather = exchange          # type: ignore[method-assign]
+    try:
+        hvd.init()
+        hvd.allreduce(np.ones(4), name="first")
+    except Exception as error:  # noqa: BLE001 (the survivors say what they saw)
+        print(f"FAILED rank {dist.get_rank()}: {type(error).__name__}", flush=True)
 
 
 def _gloo_loop_threads() -> int:
@@ -229,4 +330,5 @@ if __name__ == "__main__":
     {"horovod_launch_variables": horovod_launch_variables, "conformance": conformance, "collectives": collectives,
      "lost_peer": lost_peer, "alltoall": alltoall, "shared_memory": shared_memory,
      "lost_in_shared_memory": lost_in_shared_memory,
+     "dies_in_shared_memory_setup": dies_in_shared_memory_setup,
      "registry_mismatch": registry_mismatch}[sys.argv[1]]()

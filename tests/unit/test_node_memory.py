@@ -1,29 +1,28 @@
 """The allreduce through the node's shared memory (hvdlite/core/node_memory.py), with
-threads as ranks (the in-process transport) and segments under the test's tmp_path:
-every dtype and operator against NumPy's reduction in rank order, sizes around the
-chunk, results bitwise equal on every rank, nothing left on disk, the fall-backs every
-rank agrees on, and a peer that exits or never comes."""
+threads as ranks (the in-process transport): every dtype and operator against NumPy's
+reduction in rank order, sizes around the chunk, results bitwise equal on every rank,
+segments not held once unmapped, and a peer that exits or never comes. Their set-up and
+its fall-backs: test_node_memory_setup.py."""
 from __future__ import annotations
 
 import array
 import dataclasses
 import functools
-import logging
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import pytest
 
 from hvdlite.core import node_memory
-from hvdlite.core.liveness import EXITED, RUNNING, Peer, identity, process_state
+from hvdlite.core.liveness import EXITED, RUNNING, identity, process_state
 from hvdlite.core.node_memory import NodeMemory, open_node_memory
 from hvdlite.errors import PeerLostError
 from hvdlite.reduce_op import ReduceOp
 from tests.unit.fake_transport import ThreadTransport, run_transports
+from tests.unit.test_node_memory_setup import segments_held
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,8 +34,8 @@ UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maxim
           ReduceOp.PRODUCT: np.multiply}
 
 
-def _opened(t: ThreadTransport, tmp_path: Path, **options: Any) -> Optional[NodeMemory]:
-    return open_node_memory(t, directory=tmp_path, half_bytes=HALF, **options)
+def _opened(t: ThreadTransport, **options: Any) -> Optional[NodeMemory]:
+    return open_node_memory(t, half_bytes=HALF, **options)
 
 
 def _part(rank: int, size: int, dtype: Any, seed: int = 0) -> np.ndarray:
@@ -61,12 +60,12 @@ def _reference(size: int, ranks: int, dtype: Any, op: ReduceOp, seed: int = 0) -
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_and_operator_equals_numpys_reduction_in_rank_order(
-        tmp_path: Path, ranks: int, dtype: Any) -> None:
+        ranks: int, dtype: Any) -> None:
     ops = [ReduceOp.SUM, ReduceOp.PRODUCT] + \
         ([] if np.dtype(dtype).kind == "c" else [ReduceOp.MIN, ReduceOp.MAX])
 
     def steps(t: ThreadTransport) -> list[np.ndarray]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None and memory.reduces(np.dtype(dtype), ReduceOp.SUM)
         out = []
         for op in ops:
@@ -90,16 +89,16 @@ def test_every_dtype_and_operator_equals_numpys_reduction_in_rank_order(
             np.testing.assert_allclose(got, want, rtol=1e-6)
         else:   # the same ufuncs in the same order: the same bits
             assert got.tobytes() == want.tobytes(), (op, size)
-    assert list(tmp_path.iterdir()) == []     # each file removed once all had mapped it
+    assert segments_held() == []     # unmapped by every rank: nothing holds the memory any more
 
 
-def test_calls_of_changing_sizes_and_shapes_in_a_row_stay_right(tmp_path: Path) -> None:
+def test_calls_of_changing_sizes_and_shapes_in_a_row_stay_right() -> None:
     """The halves alternate across calls: a rank may write its next chunk while a slower
     one still copies the last one's result out of the other half."""
     sizes = [int(s) for s in np.random.default_rng(7).integers(0, 300, 60)]
 
     def steps(t: ThreadTransport) -> list[bytes]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         out = []
         for call, size in enumerate(sizes):
@@ -113,46 +112,13 @@ def test_calls_of_changing_sizes_and_shapes_in_a_row_stay_right(tmp_path: Path) 
             assert got == _reference(size, 3, np.float64, ReduceOp.SUM, seed=call).tobytes()
 
 
-def test_ranks_on_different_hosts_fall_back_together(tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "hvdlite")
-    results = run_transports(4, lambda t: _opened(t, tmp_path, host=f"node{t.rank // 2}"))
-    assert results == [None] * 4
-    assert "more than one host" in caplog.text
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_no_directory_falls_back_on_every_rank(tmp_path: Path) -> None:
-    missing = tmp_path / "absent"
-    results = run_transports(
-        3, lambda t: open_node_memory(t, directory=missing if t.rank == 1 else tmp_path))
-    assert results == [None] * 3
-
-
-def test_a_segment_one_rank_cannot_make_falls_back_on_every_rank_and_leaves_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    make = node_memory._create
-
-    def full_on_rank_2(path: Path, size: int) -> Optional[str]:
-        if path.name.endswith("_2"):
-            return f"could not make {path}: [Errno 28] No space left on device"
-        return make(path, size)
-
-    monkeypatch.setattr(node_memory, "_create", full_on_rank_2)
-    caplog.set_level(logging.INFO, "hvdlite")
-    assert run_transports(3, lambda t: _opened(t, tmp_path)) == [None] * 3
-    assert "No space left on device" in caplog.text
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_a_peer_that_exited_fails_the_allreduce_naming_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 never arrives; its process is found gone within a check or two."""
     monkeypatch.setattr(node_memory, "CHECK_S", 0.05)
 
     def steps(t: ThreadTransport) -> Optional[str]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         if t.rank == 1:
             return None
@@ -167,12 +133,11 @@ def test_a_peer_that_exited_fails_the_allreduce_naming_it(
     assert text.startswith("rank 0: rank 1 (pid ") and "exited during an allreduce" in text
 
 
-def test_a_peer_that_never_comes_times_out(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_peer_that_never_comes_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_memory, "CHECK_S", 0.05)
 
     def steps(t: ThreadTransport) -> Optional[str]:
-        memory = _opened(t, tmp_path, timeout_s=0.3)
+        memory = _opened(t, timeout_s=0.3)
         assert memory is not None
         if t.rank != 0:
             return None
@@ -207,28 +172,13 @@ def test_a_real_peer_runs_then_is_exited_as_a_zombie_and_once_reaped() -> None:
     assert process_state(peer) == EXITED
 
 
-def test_ranks_in_other_pid_namespaces_fall_back_together(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Their pids mean nothing to each other, so an exited peer could not be found."""
-    def apart(rank: int) -> Peer:
-        me = identity(rank)
-        return dataclasses.replace(me, domain=(me.host, "boot", f"pid:[{rank}]"))
-
-    monkeypatch.setattr(node_memory, "identity", apart)
-    caplog.set_level(logging.INFO, "hvdlite")
-    assert run_transports(3, lambda t: _opened(t, tmp_path)) == [None] * 3
-    assert "another pid namespace" in caplog.text
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_only_numpys_numbers_and_the_elementwise_operators_are_taken() -> None:
     assert NodeMemory.reduces(np.dtype(np.float32), ReduceOp.SUM)
     assert not NodeMemory.reduces(np.dtype("V2"), ReduceOp.SUM)
     assert not NodeMemory.reduces(np.dtype(np.float32), ReduceOp.AVERAGE)
 
 
-def test_negotiation_rounds_give_every_rank_the_and_of_every_vector(tmp_path: Path) -> None:
+def test_negotiation_rounds_give_every_rank_the_and_of_every_vector() -> None:
     """Rounds in a row, ranks at different paces: each round's result is the AND of that
     round's vectors (the slots alternate; a rank two rounds ahead would overwrite one)."""
     rounds, words = 40, 3
@@ -238,7 +188,7 @@ def test_negotiation_rounds_give_every_rank_the_and_of_every_vector(tmp_path: Pa
         return [int(w) for w in rng.integers(0, 2**63, words, dtype=np.uint64)]
 
     def steps(t: ThreadTransport) -> list[list[int]]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         vector = array.array("Q", bytes(8 * words))
         band = memory.band_round(vector)
@@ -260,9 +210,9 @@ def test_negotiation_rounds_give_every_rank_the_and_of_every_vector(tmp_path: Pa
         assert [rank_results[number] for rank_results in results] == [expected] * 3
 
 
-def test_a_round_completes_only_once_every_rank_started_it(tmp_path: Path) -> None:
+def test_a_round_completes_only_once_every_rank_started_it() -> None:
     def steps(t: ThreadTransport) -> Optional[bool]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         band = memory.band_round(array.array("Q", [2**64 - 1]))
         assert band is not None
@@ -282,10 +232,9 @@ def test_a_round_completes_only_once_every_rank_started_it(tmp_path: Path) -> No
     assert run_transports(2, steps)[0] is False
 
 
-def test_a_vector_longer_than_the_header_holds_takes_the_transports_round(
-        tmp_path: Path) -> None:
+def test_a_vector_longer_than_the_header_holds_takes_the_transports_round() -> None:
     def steps(t: ThreadTransport) -> tuple[bool, bool]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         fits = array.array("Q", bytes(8 * node_memory.ROUND_WORDS))
         too_long = array.array("Q", bytes(8 * (node_memory.ROUND_WORDS + 1)))
@@ -294,12 +243,11 @@ def test_a_vector_longer_than_the_header_holds_takes_the_transports_round(
     assert run_transports(2, steps) == [(True, True)] * 2
 
 
-def test_a_round_waited_on_sleeps_until_the_last_rank_starts_it(
-        tmp_path: Path) -> None:
+def test_a_round_waited_on_sleeps_until_the_last_rank_starts_it() -> None:
     """The engine waits on a round blocked (wait_for): asleep, taking no CPU while the
     last rank is late, and woken by that rank's start, not by the end of its limit."""
     def steps(t: ThreadTransport) -> Optional[tuple[bool, bool, float, float]]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         band = memory.band_round(array.array("Q", [2**64 - 1]))
         assert band is not None
@@ -321,14 +269,14 @@ def test_a_round_waited_on_sleeps_until_the_last_rank_starts_it(
 
 
 def test_a_rank_waiting_for_a_late_peer_in_an_allreduce_sleeps_until_it_arrives(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Past its yields a waiting rank sleeps on the late peer's counter, woken by the
     peer's arrival (with checks of its process 30 s apart, nothing else would)."""
     monkeypatch.setattr(node_memory, "CHECK_S", 30.0)
     monkeypatch.setattr(node_memory, "YIELD_SPINS", 0)
 
     def steps(t: ThreadTransport) -> tuple[float, float]:
-        memory = _opened(t, tmp_path)
+        memory = _opened(t)
         assert memory is not None
         buf = np.full(10, float(t.rank + 1))
         if t.rank == 1:
