@@ -77,10 +77,17 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+# Each Agreement of hvdlite.config, as the table's column says it (see "Settings every
+# rank must share" in configuration.md).
+_ACROSS_RANKS = {"SAME": "[must match](#settings-every-rank-must-share)",
+                 "SET": "[set on all or none](#settings-every-rank-must-share)",
+                 "OWN": "may differ"}
+
+
 def configuration_table() -> str:
     """The table of every setting, in config.py's order."""
     from hvdlite.config import OPTIONS
-    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    rows = ["| variable | type | default | across ranks | meaning |", "|---|---|---|---|---|"]
     for option in OPTIONS:
         names = f'<a id="{option.env.lower()}"></a>`{option.env}`'
         if option.aliases:
@@ -89,7 +96,8 @@ def configuration_table() -> str:
             names += "<br>(formerly " + ", ".join(f"`{d}`" for d in option.deprecated) + \
                 ", still read, with a warning)"
         rows.append(f"| {names} | {describe_type(option.parse)} | "
-                    f"{describe_default(option.default, option.parse)} | {_cell(option.doc)} |")
+                    f"{describe_default(option.default, option.parse)} | "
+                    f"{_ACROSS_RANKS[option.agreement.name]} | {_cell(option.doc)} |")
     return "\n".join(rows)
 
 

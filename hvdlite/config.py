@@ -19,6 +19,7 @@ with a warning naming the variable to set instead.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 from typing import Any, Callable, Mapping, Optional
@@ -37,13 +38,30 @@ from hvdlite.errors import ConfigError
 
 _log = logging.getLogger("hvdlite")
 
+class Agreement(enum.Enum):
+    """What every rank's value of a setting must have in common, checked by ``init()``
+    (``hvdlite.core.settings_agreement``). Every knob declares one."""
+    # It shapes the collectives (the layout, the negotiation, the backend chain): ranks
+    # that differ would wait on collectives the others never start. A ConfigError.
+    SAME = "the same value on every rank"
+    # Whether it is set decides collectives (rank 0 gathers the report at shutdown,
+    # writes the elastic state at commits); its value is used on rank 0 only.
+    SET = "set on every rank or on none"
+    # Each rank's own (a log level, a path only rank 0 writes): a difference is warned about.
+    OWN = "may differ between ranks"
+
+
+SAME, SET, OWN = Agreement.SAME, Agreement.SET, Agreement.OWN
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One knob: its Config field, default, parser and documentation."""
+    """One knob: its Config field, default, parser, documentation and what ranks must agree on."""
     field: str
     default: Any
     parse: Callable[[str], Any]
     doc: str
+    agreement: Agreement
 
     # Horovod's names for it, read when HVDLITE_* is unset; the first set that sets
     # something wins (hvdlite.horovod_env converts their values).
@@ -55,11 +73,15 @@ class Option:
         return "HVDLITE_" + self.field.upper()
 
 
-def _knob(default: Any, parse: Callable[[str], Any], doc: str,
+def _knob(default: Any, parse: Callable[[str], Any], agreement: Agreement, doc: str,
           aliases: tuple[str, ...] = (), deprecated: tuple[str, ...] = ()) -> Any:
-    """A Config field that carries its parser and doc; the variable name is derived."""
+    """A Config field that carries its parser, what ranks must agree on and its doc; the
+    variable name is derived."""
+    if not isinstance(agreement, Agreement):
+        raise TypeError(f"a knob's agreement is an Agreement, not {agreement!r}")
     return dataclasses.field(default=default, metadata={
-        "parse": parse, "doc": doc, "aliases": aliases, "deprecated": deprecated})
+        "parse": parse, "doc": doc, "agreement": agreement, "aliases": aliases,
+        "deprecated": deprecated})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +93,7 @@ class Config:
     same point in the order of collectives (``hvdlite.core.runtime.reconfigure``).
     """
     cycle_time: float = _knob(
-        1.0, parse_nonneg_float,
+        1.0, parse_nonneg_float, SAME,
         "With process sets besides the world: milliseconds an idle engine waits "
         "before joining a negotiation round while any rank has work; once every rank "
         "is idle, the wait doubles each round, up to 64 cycles and 0.1 s. It bounds "
@@ -82,33 +104,33 @@ class Config:
         "once.",
         aliases=("HOROVOD_CYCLE_TIME",))
     fusion_threshold: int = _knob(
-        64 << 20, parse_bytes,
+        64 << 20, parse_bytes, SAME,
         "Bytes of same-dtype allreduce tensors packed into one fused reduction "
         "(the persistent fusion buffer's size). 0 disables fusion.",
         aliases=("HOROVOD_FUSION_THRESHOLD",))
     direct_threshold: int = _knob(
-        1 << 20, parse_bytes,
+        1 << 20, parse_bytes, SAME,
         "Allreduce tensors of at least this many bytes are never packed into the "
         "fusion buffer: each is reduced alone, in place in its own memory. Fusion "
         "amortizes per-op latency over small tensors; for large ones the two copies "
         "in and out of the buffer cost more than the latency saved (measured on the "
         "MLP benchmark: packing 7.4 MB of gradients cost ~1.5 ms of CPU per step).")
     output_pool: int = _knob(
-        256 << 20, parse_bytes,
+        256 << 20, parse_bytes, OWN,
         "Bytes of idle memory kept for recycling the outputs of out = allreduce(x) "
         "on the CPU (outputs of 1 MiB and more). A fresh large output page-faults "
         "on every 4 KiB while it is written, which costs as much as a fast "
         "allreduce; a loop that drops last step's output reuses its memory. "
         "0 allocates every output anew.")
     allreduce: str = _knob(
-        "auto", _choice("auto", "mpi", "ring", "ps"),
+        "auto", _choice("auto", "mpi", "ring", "ps"), SAME,
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "
         "point-to-point with persistent buffers), 'auto' (mpi below "
         "HVDLITE_RING_THRESHOLD bytes, ring from there on) or 'ps' (parameter "
         "server: every rank sends its buffer to the process set's rank 0, which "
         "reduces and sends the result back; for comparison, never faster).")
     shared_memory: bool = _knob(
-        True, parse_bool,
+        True, parse_bool, SAME,
         "Under torchrun, where every rank of a process set is on one x86-64 Linux host, "
         "allreduce host data through the node's shared memory (anonymous, 4 MiB per rank "
         "and set) instead of Gloo's TCP over loopback, which took 2.4-3.6 times as long "
@@ -116,21 +138,21 @@ class Config:
         "where they span hosts or a segment cannot be made or opened; 0 always uses Gloo. "
         "MPI libraries use the node's memory on their own.")
     gpu_allreduce: str = _knob(
-        "nccl", _choice("nccl", "mpi"),
+        "nccl", _choice("nccl", "mpi"), SAME,
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
         "process set has one GPU per rank: CuPy's under MPI, torch's under torchrun; sets "
         "whose ranks share a GPU fall back to staging) or 'mpi' (copies through pinned host "
         "memory and the HVDLITE_ALLREDUCE backend; under torchrun, Gloo). Without NCCL, "
         "GPU tensors are always staged.")
     backends: str = _knob(
-        "", parse_backends,
+        "", parse_backends, SAME,
         "Backends asked first, by name, per device type, as torch's 'cpu:gloo,cuda:nccl': "
         "'cpu:mine,cuda:nccl' asks 'mine' first for host tensors; a bare name, for every "
         "device type it serves. The rest of each device's chain follows (registered "
         "backends, then the built-in ones). init() raises UnknownBackendError on every rank "
         "for a name not registered with hvdlite.backends.register_backend.")
     bucket_bytes: int = _knob(
-        25 << 20, parse_bucket_bytes,
+        25 << 20, parse_bucket_bytes, SAME,
         "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
         "CPU and GPU), as DDP's bucket_cap_mb: parameters are laid out in reverse "
         "registration order in flat buckets of about this many bytes, the first one 1 MiB "
@@ -142,7 +164,7 @@ class Config:
         "per gradient, for comparison).",
         deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = _knob(
-        True, parse_bool,
+        True, parse_bool, SAME,
         "On a process set of one rank a gradient is its own average, so "
         "DistributedOptimizer (torch, TensorFlow, Keras) sends nothing and a one-GPU "
         "run of a distributed script pays nothing per step. 0 turns that shortcut "
@@ -150,35 +172,35 @@ class Config:
         "backend (NCCL on a GPU) exactly as on several ranks, so one GPU can test the "
         "multi-GPU path (make gpu-check and the GPU bucket tests use it).")
     ring_threshold: int = _knob(
-        2 << 20, parse_bytes,
+        2 << 20, parse_bytes, SAME,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
         "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
         "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
         "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
     ring_chunk: int = _knob(
-        256 << 10, parse_bytes,
+        256 << 10, parse_bytes, SAME,
         "Bytes per message in the ring; large segments are pipelined in chunks of "
         "this size so the reduction of one chunk overlaps the transfer of the next.")
     cache_capacity: int = _knob(
-        1024, parse_nonneg_int,
+        1024, parse_nonneg_int, SAME,
         "Negotiated responses remembered per process set. A step whose tensors "
         "are all cached is agreed with one small bit-vector allreduce instead of "
         "a gather and a broadcast.",
         aliases=("HOROVOD_CACHE_CAPACITY",))
     stall_check_time: float = _knob(
-        60.0, parse_nonneg_float,
+        60.0, parse_nonneg_float, SAME,
         "Seconds a tensor may wait for other ranks before rank 0 logs it with the "
         "ranks that have not submitted it. A deadlock (every rank blocked in hvdlite on "
         "collectives another rank has not submitted) is a DeadlockError on every rank "
         "after half of it. 0 disables both.",
         aliases=("HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS"))
     stall_shutdown_time: float = _knob(
-        0.0, parse_nonneg_float,
+        0.0, parse_nonneg_float, SAME,
         "If > 0, a tensor stalled this many seconds becomes a StallError on every "
         "rank and hvdlite stops, instead of waiting forever.",
         aliases=("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",))
     timeline: str = _knob(
-        "", str,
+        "", str, OWN,
         "Path of a Chrome-trace JSON file that rank 0 writes, in the layout and with the "
         "event names of Horovod's timeline: a row per tensor, NEGOTIATE_ALLREDUCE, "
         "ALLREDUCE with QUEUE, MEMCPY_IN_FUSION_BUFFER, MPI_ALLREDUCE (the backend's "
@@ -187,39 +209,39 @@ class Config:
         "hvd.start_timeline(path).",
         aliases=("HOROVOD_TIMELINE",))
     timeline_mark_cycles: bool = _knob(
-        False, parse_bool,
+        False, parse_bool, OWN,
         "With a timeline, mark the start of every engine cycle (a CYCLE_START event) "
         "to see how ops fall into negotiation cycles. Busy cycles are frequent: "
         "the trace grows fast.",
         aliases=("HOROVOD_TIMELINE_MARK_CYCLES",))
     report: str = _knob(
-        "", str,
+        "", str, SET,
         "Directory where rank 0 writes report.json, report.txt and report.png at "
         "shutdown: per rank step time, compute, time blocked on communication, time "
         "waiting for slower peers, bytes moved and peak memory, the stragglers and "
         "a verdict (see 'Why is my training slow?'). Empty disables recording.")
     output_check: str = _knob(
-        "error", _choice("error", "warn"),
+        "error", _choice("error", "warn"), SAME,
         "What init() does when an output hvdlite will write (the HVDLITE_REPORT "
         "directory, the HVDLITE_TIMELINE file, HVDLITE_ELASTIC_DIR, the "
         "HVDLITE_AUTOTUNE_LOG file) cannot be written "
         "by rank 0: 'error' raises OutputPathError on every rank before any training; "
         "'warn' logs it and goes on (that output then fails when it is written).")
     log_level: str = _knob(
-        "warning", _choice("debug", "info", "warning", "error"),
+        "warning", _choice("debug", "info", "warning", "error"), OWN,
         "Level of the 'hvdlite' logger.",
         aliases=("HOROVOD_LOG_LEVEL",))
     abort_on_error: bool = _knob(
-        True, parse_bool,
+        True, parse_bool, OWN,
         "On an uncaught exception in any rank, print its traceback once and abort "
         "the whole MPI job, so no other rank is left hanging in a collective.")
     spin_time: float = _knob(
-        100.0, parse_nonneg_float,
+        100.0, parse_nonneg_float, OWN,
         "Microseconds the engine busy-polls a pending negotiation before it "
         "starts sleeping between polls (lower latency vs. CPU left to compute).")
 
     peer_timeout: float = _knob(
-        20.0, parse_nonneg_float,
+        20.0, parse_nonneg_float, OWN,
         "Seconds a negotiation round may wait on a rank that does not answer before "
         "every other rank fails with PeerLostError naming it (a frozen, stopped or "
         "unreachable process). A rank whose process has ended is reported within "
@@ -227,7 +249,7 @@ class Config:
         "collective. 0 disables the timeout (ended "
         "processes are still reported).")
     exit_guard: bool = _knob(
-        True, parse_bool,
+        True, parse_bool, OWN,
         "Under MPICH's hydra launcher, keep each rank's launcher connection open "
         "for a while after its process ends (one small helper process per rank), so "
         "that a rank ending without MPI_Finalize (os._exit, killed) is reported by "
@@ -238,24 +260,24 @@ class Config:
         "report which rank was lost.")
 
     elastic_dir: str = _knob(
-        "", str,
+        "", str, SET,
         "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
         "atomically on commit() (temporary file, fsync, rename) and a restarted job "
         "resumes from it; a write that fails raises StateWriteError on every rank at that "
         "commit. hvdliterun --elastic sets a fresh one per launch; the SLURM "
         "elastic template one per job id. Empty: commits stay in memory only.")
     elastic_persist_every: int = _knob(
-        1, parse_positive_int,
+        1, parse_positive_int, SAME,
         "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
         "stay in memory). A preempted job always writes its last commit.")
     elastic_trust_dir: bool = _knob(
-        False, parse_bool,
+        False, parse_bool, OWN,
         "Load the committed state even where HVDLITE_ELASTIC_DIR or its file is owned by "
         "another user or is group- or world-writable (refused by default, as ssh refuses "
         "such keys: whoever can write there could make every rank run their code).")
 
     autotune: bool = _knob(
-        False, parse_bool,
+        False, parse_bool, SAME,
         "Measure instead of trusting defaults: during the first steps of training every "
         "rank runs the same candidate settings (the size from which the ring replaces "
         "MPI's Allreduce, the ring's chunk, the engine's spin and cycle times, the fusion "
@@ -266,17 +288,17 @@ class Config:
         "(torch, Keras) or hvd.step_done().",
         aliases=("HOROVOD_AUTOTUNE",))
     autotune_log: str = _knob(
-        "", str,
+        "", str, OWN,
         "With HVDLITE_AUTOTUNE, the CSV file rank 0 writes every trial to (its settings, "
         "steps and step time per rank) and, last, the choice and why. Checked at init() "
         "like the other outputs. Empty: no log (the report still shows the choice).",
         aliases=("HOROVOD_AUTOTUNE_LOG",))
     autotune_warmup_steps: int = _knob(
-        3, parse_nonneg_int,
+        3, parse_nonneg_int, SAME,
         "With HVDLITE_AUTOTUNE, optimizer steps before the first trial: the first steps "
         "build the gradient buckets and fault in buffers, and are slower than the rest.")
     autotune_steps_per_sample: int = _knob(
-        5, parse_positive_int,
+        5, parse_positive_int, SAME,
         "With HVDLITE_AUTOTUNE, the fewest optimizer steps timed per trial (after one "
         "untimed step following each switch); more when steps are short, so that a trial "
         "lasts at least 0.25 s (decided once, on rank 0, from the warm-up steps).")
@@ -320,8 +342,8 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 
 # The table every consumer reads (the README check, the launcher, load()).
 OPTIONS: tuple[Option, ...] = tuple(
-    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["aliases"],
-           f.metadata["deprecated"])
+    Option(f.name, f.default, f.metadata["parse"], f.metadata["doc"], f.metadata["agreement"],
+           f.metadata["aliases"], f.metadata["deprecated"])
     for f in dataclasses.fields(Config))
 # Horovod's variables that set an hvdlite knob (the other HOROVOD_* are ignored, with a warning).
 HOROVOD_ALIASES = frozenset(name for option in OPTIONS for name in option.aliases)
@@ -331,9 +353,20 @@ def fields_set(environ: Optional[Mapping[str, str]] = None) -> frozenset[str]:
     """The fields the environment sets (through HVDLITE_*, a Horovod alias or an old
     name): the user's own choices, which topology-aware defaults and autotune leave
     alone."""
+    return frozenset(sources(environ))
+
+
+def sources(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """field -> ``VARIABLE='text'`` for each field the environment sets, naming the
+    variable its value is read from (HVDLITE_*, else a Horovod alias, else an old name)."""
     environ = os.environ if environ is None else environ
-    return frozenset(option.field for option in OPTIONS if any(
-        name in environ for name in (option.env, *option.aliases, *option.deprecated)))
+    found = {}
+    for option in OPTIONS:
+        name = next((n for n in (option.env, *option.aliases, *option.deprecated)
+                     if n in environ), None)
+        if name is not None:
+            found[option.field] = f"{name}={environ[name]!r}"
+    return found
 
 
 def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hvdlite.config_values import ONE_BUCKET, UNBOUNDED_BYTES
 from hvdlite.core import cpus
@@ -72,6 +72,15 @@ class Placement:
         return max(sharing, key=lambda n: n.ranks / max(n.cpus, 1e-9)) if sharing else None
 
 
+@dataclasses.dataclass(frozen=True)
+class RankSettings:
+    """One rank's settings as it will run with them, and where each came from."""
+    config: Any
+    sources: Mapping[str, str]       # field -> "VARIABLE='text'", for those the environment set
+    chosen: frozenset[str] = frozenset()   # fields the topology-aware defaults changed
+    reasons: tuple[str, ...] = ()          # and why (the report shows rank 0's)
+
+
 def choose(placement: Placement, explicit: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
     """The settings to change from their fixed defaults, and one sentence per change
     saying why. Pure: the same placement gives the same answer on every rank."""
@@ -114,19 +123,28 @@ def local_node(local_comm: Any) -> Node:
     return Node(len(everyone), sum(1 for _, _, cpu in everyone if cpu), available)
 
 
-def agree(transport: Any, config: Any, explicit: Iterable[str]) -> tuple[Any, list[str]]:
-    """Collective over ``transport`` (at init, on the engine thread): ``config`` with the
-    topology-aware defaults applied where the user set nothing, the same on every
-    rank, and the reasons (logged on rank 0 at info, shown in the report)."""
+def agree(transport: Any, config: Any, sources: Mapping[str, str]) -> list[Any]:
+    """Collective over ``transport`` (at init, on the engine thread): every rank's settings
+    (``config``, with ``sources`` naming the fields its environment set) with the
+    topology-aware defaults applied where that rank set nothing, in rank order, as
+    ``RankSettings``. One allgather carries both what the defaults
+    are chosen from and the settings, so that init() can compare them
+    (``settings_agreement.check``) without a round of its own. Rank 0 logs the reasons
+    for its own changes at info."""
     local = transport.split_node(key=transport.rank)
     try:
         node = local_node(local)
         leader = local.rank == 0
     finally:
         local.free()
-    nodes = tuple(n for n in transport.allgather(node if leader else None) if n is not None)
-    changes, reasons = choose(Placement(nodes), explicit)
-    if reasons and transport.rank == 0:
-        for reason in reasons:
-            _log.info("default %s", reason)
-    return (config.replace(**changes) if changes else config), reasons
+    gathered = transport.allgather((node if leader else None, config, dict(sources)))
+    placement = Placement(tuple(n for n, _, _ in gathered if n is not None))
+    everyone = []
+    for rank, (_, settings, set_by) in enumerate(gathered):
+        changes, reasons = choose(placement, set_by)
+        if reasons and rank == 0 == transport.rank:
+            for reason in reasons:
+                _log.info("default %s", reason)
+        everyone.append(RankSettings(settings.replace(**changes) if changes else settings,
+                                     set_by, frozenset(changes), tuple(reasons)))
+    return everyone

@@ -27,8 +27,9 @@ import time
 from typing import Any, Optional, Sequence
 
 from hvdlite.backends import registry as backends_registry
-from hvdlite.config import fields_set as config_fields_set
-from hvdlite.core import deadlock, defaults, exit_guard, liveness, outputs, stall, waiting
+from hvdlite.config import sources as config_sources
+from hvdlite.core import (deadlock, defaults, exit_guard, liveness, outputs,
+                          settings_agreement, stall, waiting)
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
 from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
@@ -152,9 +153,13 @@ class Engine(Stoppable):
         waiting.precise_sleeps()
         self.topology = detect(self.transport)
         backends_registry.agree(self.transport)     # before any chain picks a backend
+        # Before anything reads a setting that every rank must share (the output check's
+        # HVDLITE_OUTPUT_CHECK among them): a difference is a ConfigError on every rank.
+        everyone = defaults.agree(self.transport, self.config, config_sources())
+        settings_agreement.check(everyone, self.transport.rank)
+        mine = everyone[self.transport.rank]
+        self.config, self.defaults_chosen = mine.config, list(mine.reasons)
         unusable = outputs.agree(self.transport, self.config)   # before anything is started
-        self.config, self.defaults_chosen = defaults.agree(self.transport, self.config,
-                                                           config_fields_set())
         self.executor.reconfigure(self.config)
         register_agreed_sets(self.registry, self.transport, self._initial_sets)
         self._liveness = liveness.Liveness(self.transport, self.config, self._lost)
