@@ -22,19 +22,35 @@ from typing import Callable, Collection, Mapping, Optional
 _log = logging.getLogger("hvdlite")
 
 
-def _strtol(text: str) -> int:
-    """The integer C's strtol reads from the start of ``text`` (0 if none), which is
-    how Horovod reads its on/off switches: "1" and "2" are on, "0" and "false" off."""
-    match = re.match(r"\s*[+-]?\d+", text)
-    return int(match.group()) if match else 0
+_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False,
+          "": False}
 
 
-def _off(text: str) -> bool:
-    return _strtol(text) <= 0
+def _switch_value(text: str) -> bool:
+    """Horovod's on/off switch: an integer, on above 0 (Horovod reads it with C's strtol),
+    or one of hvdlite's boolean words (empty is off). Horovod would read anything else as whatever number
+    it starts with, "maybe" and "true" as off: here that is a ValueError, not a guess."""
+    stripped = text.strip()
+    if stripped.lower() in _WORDS:
+        return _WORDS[stripped.lower()]
+    if re.fullmatch(r"[+-]?\d+", stripped):
+        return int(stripped) > 0
+    raise ValueError("expected an integer (above 0 is on, as Horovod reads it) or "
+                     "true/false, yes/no, on/off")
 
 
-def _on(text: str) -> bool:
-    return _strtol(text) > 0
+def _reads_as(state: bool) -> Callable[[str], bool]:
+    """Whether the value is a switch in ``state`` (an unreadable one is in neither, so the
+    warning about an ignored variable is given)."""
+    def reads(text: str) -> bool:
+        try:
+            return _switch_value(text) is state
+        except ValueError:
+            return False
+    return reads
+
+
+_off, _on = _reads_as(False), _reads_as(True)
 
 
 def _is_mpi(text: str) -> bool:
@@ -54,14 +70,7 @@ def _stall_check_disable(text: str) -> Optional[str]:
     """On: HVDLITE_STALL_CHECK_TIME=0 (no check). Off: sets nothing, so
     HOROVOD_STALL_CHECK_TIME_SECONDS, if set, decides (as in Horovod, where the
     switch wins over the time)."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "yes", "on", "false", "no", "off", ""):
-        return "0" if lowered in ("true", "yes", "on") else None
-    try:
-        return "0" if int(lowered) > 0 else None
-    except ValueError:    # a ConfigError naming the variable
-        raise ValueError("expected an integer (> 0 disables the stall check) or "
-                         "true/false") from None
+    return "0" if _switch_value(text) else None
 
 
 _LOG_LEVELS = {"trace": "debug", "fatal": "error"}   # Horovod's levels hvdlite lacks
@@ -74,13 +83,14 @@ def _log_level(text: str) -> str:
 
 
 def _switch(text: str) -> str:
-    """Horovod's on/off switch (strtol: above 0 is on) as hvdlite's boolean."""
-    return "1" if _on(text) else "0"
+    """Horovod's on/off switch as hvdlite's boolean."""
+    return "1" if _switch_value(text) else "0"
 
 
 CONVERSIONS: dict[str, Callable[[str], Optional[str]]] = {
     "HOROVOD_STALL_CHECK_DISABLE": _stall_check_disable,
     "HOROVOD_AUTOTUNE": _switch,
+    "HOROVOD_TIMELINE_MARK_CYCLES": _switch,
     "HOROVOD_LOG_LEVEL": _log_level,
 }
 

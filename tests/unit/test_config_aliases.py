@@ -11,6 +11,7 @@ from typing import Iterator, Optional
 
 import pytest
 
+from hvdlite import horovod_env
 from hvdlite.config import OPTIONS, Config
 from hvdlite.errors import ConfigError
 
@@ -114,10 +115,12 @@ def test_horovods_variables_set_hvdlites_knobs_in_hvdlites_units() -> None:
 
 
 def test_horovods_autotune_switch_reads_as_horovod_reads_it() -> None:
-    """Horovod reads HOROVOD_AUTOTUNE with strtol: any integer above 0 is on."""
+    """Horovod reads HOROVOD_AUTOTUNE with strtol: any integer above 0 is on; hvdlite's
+    boolean words are read as they say."""
     on = {value: Config.load({"HOROVOD_AUTOTUNE": value}).autotune
-          for value in ("1", "2", "0", "-1", "false")}
-    assert on == {"1": True, "2": True, "0": False, "-1": False, "false": False}
+          for value in ("1", "2", " +3 ", "0", "-1", "false", "TRUE", "off", "")}
+    assert on == {"1": True, "2": True, " +3 ": True, "0": False, "-1": False,
+                  "false": False, "TRUE": True, "off": False, "": False}
     # Horovod's samples are counted in engine cycles, hvdlite's in steps: not read.
     assert Config.load({"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "7"}).autotune_steps_per_sample == 5
 
@@ -126,6 +129,39 @@ def test_horovods_log_levels() -> None:
     levels = {horovod: Config.load({"HOROVOD_LOG_LEVEL": horovod}).log_level
               for horovod in ("trace", "DEBUG", "Warning", "fatal")}
     assert levels == {"trace": "debug", "DEBUG": "debug", "Warning": "warning", "fatal": "error"}
+
+
+@pytest.mark.parametrize("variable", ["HOROVOD_AUTOTUNE", "HOROVOD_TIMELINE_MARK_CYCLES",
+                                      "HOROVOD_STALL_CHECK_DISABLE"])
+@pytest.mark.parametrize("value", ["maybe", "1abc", "0x1", "1.5", "enabled"])
+def test_a_horovod_switch_that_is_no_switch_is_an_error(variable: str, value: str) -> None:
+    """Horovod's strtol reads "maybe" as off and "1abc" as on, without a word."""
+    with pytest.raises(ConfigError, match=rf"^{variable}={value!r} is invalid: expected an "
+                                          r"integer \(above 0 is on"):
+        Config.load({variable: value})
+
+
+@pytest.mark.parametrize("variable, value, shown", [
+    ("HOROVOD_FUSION_THRESHOLD", "lots", "HOROVOD_FUSION_THRESHOLD='lots' is invalid"),
+    ("HOROVOD_CYCLE_TIME", "5ms", "HOROVOD_CYCLE_TIME='5ms' is invalid"),
+    ("HOROVOD_CACHE_CAPACITY", "1k", "HOROVOD_CACHE_CAPACITY='1k' is invalid"),
+    ("HOROVOD_STALL_CHECK_TIME_SECONDS", "-1", "HOROVOD_STALL_CHECK_TIME_SECONDS='-1' is invalid"),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "x", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS='x' is "),
+    ("HOROVOD_LOG_LEVEL", "loud", "HOROVOD_LOG_LEVEL='loud' is invalid"),
+])
+def test_every_horovod_number_read_refuses_what_is_no_number(variable: str, value: str,
+                                                            shown: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(shown)):
+        Config.load({variable: value})
+
+
+def test_an_ignored_switch_that_is_no_switch_is_warned_about() -> None:
+    """Quiet only where the value reads as the state that asks for nothing."""
+    assert horovod_env.why_ignored("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") is None
+    assert horovod_env.why_ignored("HOROVOD_HIERARCHICAL_ALLREDUCE", "false") is None
+    assert horovod_env.why_ignored("HOROVOD_HIERARCHICAL_ALLREDUCE", "maybe") is not None
+    assert horovod_env.why_ignored("HOROVOD_LOG_HIDE_TIME", "1") is None
+    assert horovod_env.why_ignored("HOROVOD_LOG_HIDE_TIME", "1abc") is not None
 
 
 def _stall_check_time(disable: Optional[str], seconds: Optional[str]) -> float:
@@ -170,7 +206,6 @@ def test_a_bad_horovod_value_is_a_config_error_naming_it(variable: str, value: s
 @pytest.fixture
 def fresh_process(warnings: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     """No HOROVOD_* variable reported yet, as in a new process."""
-    from hvdlite import horovod_env
     before = set(horovod_env._WARNED)
     horovod_env._WARNED.clear()
     yield warnings
@@ -208,7 +243,6 @@ def test_only_the_launchers_rank_0_warns_about_horovods_variables(
 
 
 def test_every_variable_horovod_reads_is_read_or_ignored_and_documented() -> None:
-    from hvdlite import horovod_env
     aliases = {name for names in ALIASES.values() for name in names}
     assert set(HOROVOD_RUNTIME) == aliases | set(horovod_env.IGNORED)
     documented = set(re.findall(r"`(HOROVOD_[A-Z0-9_]+)`", CONFIGURATION_PAGE.read_text()))
