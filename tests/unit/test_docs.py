@@ -102,6 +102,19 @@ def _mentioned(pattern: str) -> dict[str, list[str]]:
     return found
 
 
+def test_the_api_reference_documents_every_runtime_function_hvdlite_exports() -> None:
+    """The functions of the runtime and control modules that ``hvdlite`` exports (init(),
+    rank(), step_done()...) each have their entry in docs/api."""
+    import inspect
+
+    import hvdlite
+    reference = "".join(path.read_text() for path in (DOCS / "api").glob("*.md"))
+    exported = [f"{value.__module__}.{name}" for name, value in vars(hvdlite).items()
+                if inspect.isfunction(value) and not name.startswith("_")
+                and value.__module__ in ("hvdlite.api.runtime", "hvdlite.api.control")]
+    assert exported and [e for e in exported if f"::: {e}\n" not in reference] == []
+
+
 def test_every_variable_the_docs_name_exists() -> None:
     known = {option.env for option in OPTIONS} | {
         old for option in OPTIONS for old in option.deprecated}   # still read, with a warning
