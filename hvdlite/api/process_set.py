@@ -6,17 +6,30 @@ set is registered, removed or re-added.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import os
+import sys
+from typing import Any, Iterable, Optional, Union
 
 from hvdlite.errors import UsageError
 
 
 class ProcessSet:
     """A set of global ranks. Register it with ``add_process_set`` (on every rank,
-    in the same order) before passing it as ``process_set=``."""
+    in the same order) before passing it as ``process_set=``.
 
-    def __init__(self, ranks: Iterable[int]) -> None:
-        unique = tuple(sorted({int(r) for r in ranks}))
+    As Horovod's, it takes either the ranks or an mpi4py communicator (``mpi_comm``),
+    whose members are the set: their ranks in the world hvdlite runs on (MPI's
+    ``COMM_WORLD`` before ``init()``). Under torchrun, whose ranks are no MPI
+    processes, a communicator is a UsageError."""
+
+    def __init__(self, ranks_or_comm: Union[Iterable[int], Any]) -> None:
+        self.mpi_comm = _communicator(ranks_or_comm)
+        ranks = ranks_or_comm if self.mpi_comm is None else _world_ranks(self.mpi_comm)
+        try:
+            unique = tuple(sorted({int(r) for r in ranks}))
+        except TypeError:
+            raise UsageError(f"a ProcessSet takes a list of ranks or an mpi4py communicator, "
+                             f"not {ranks_or_comm!r}") from None
         if not unique:
             raise UsageError("a ProcessSet needs at least one rank")
         self._ranks: Optional[tuple[int, ...]] = unique
@@ -51,17 +64,61 @@ class ProcessSet:
         return hash(("ProcessSet", self._ranks))
 
 
+def _communicator(candidate: Any) -> Any:
+    """``candidate`` if it is an mpi4py communicator (only looked for where mpi4py is
+    imported already: importing it here would start MPI), else None."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not isinstance(candidate, mpi.Comm):
+        return None
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        raise UsageError("ProcessSet(communicator): this job runs under torchrun, whose ranks "
+                         "are torch.distributed's, not MPI processes; pass the list of ranks")
+    if candidate == mpi.COMM_NULL:
+        raise UsageError("ProcessSet(MPI.COMM_NULL): this rank is not in the communicator; "
+                         "pass a communicator this rank belongs to, or the list of ranks")
+    return candidate
+
+
+def _world_ranks(comm: Any) -> list[int]:
+    """The ranks of ``comm``'s members in the world hvdlite runs on (MPI's COMM_WORLD
+    before init())."""
+    from mpi4py import MPI
+
+    from hvdlite.api import runtime
+    engine = runtime.RUNTIME.engine
+    world = engine.transport.native if engine is not None else MPI.COMM_WORLD
+    members, everyone = comm.Get_group(), world.Get_group()
+    try:
+        ranks = list(members.Translate_ranks(list(range(comm.Get_size())), everyone))
+    finally:
+        members.Free()
+        everyone.Free()
+    if MPI.UNDEFINED in ranks:
+        raise UsageError(f"ProcessSet(communicator): {ranks.count(MPI.UNDEFINED)} of its "
+                         "members are outside the world hvdlite runs on")
+    return ranks
+
+
 class _GlobalProcessSet(ProcessSet):
     """Every rank of the job: id 0 from the start, ranks known once init() ran."""
 
     def __init__(self) -> None:
         self._ranks = None
         self.process_set_id = 0
+        self.mpi_comm = None
 
     @property
     def ranks(self) -> list[int]:
         from hvdlite.api import runtime
         return list(range(runtime.size()))
+
+    def __repr__(self) -> str:
+        # Shown before init() too: it is the default of process_set= arguments, which
+        # help() and inspect.signature() print.
+        from hvdlite.api import runtime
+        if not runtime.is_initialized():
+            return "ProcessSet(process_set_id=0, ranks=every rank, once hvdlite.init() ran)"
+        return super().__repr__()
 
 
 global_process_set: ProcessSet = _GlobalProcessSet()
