@@ -11,11 +11,11 @@ from hvdlite.keras import callbacks, elastic
 from hvdlite.keras.collectives import OPS as _OPS
 from hvdlite.keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
                                      load_model)
-from hvdlite.keras.variables import broadcast_variables
+from hvdlite.keras.variables import broadcast_global_variables, broadcast_variables
 
 globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES})
 globals().update(_OPS)
 
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
     "DistributedOptimizer", "PartialDistributedOptimizer", "load_model", "callbacks",
-    "elastic", "broadcast_variables"]
+    "elastic", "broadcast_variables", "broadcast_global_variables"]

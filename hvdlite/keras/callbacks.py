@@ -117,6 +117,40 @@ class MetricAverageCallback(keras.callbacks.Callback):
         logs.update({k: float(v) for k, v in zip(keys, averaged)})
 
 
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's: a ``ModelCheckpoint`` that keeps the best model only
+    (``save_best_only=True``, the whole model), judged by ``monitor``, written by rank 0
+    alone (the other ranks hold the same model after each step). Put
+    ``MetricAverageCallback`` before it to judge by the mean over ranks.
+
+    ``filepath`` (a ``.keras`` or ``.h5`` path) may be given here, or set on the callback
+    before training as Horovod's Spark estimator sets it; training without one is a
+    UsageError on every rank."""
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: Union[str, int] = "epoch", *,
+                 filepath: Optional[str] = None) -> None:
+        # Keras checks the path's extension here; one given later is checked by its save.
+        super().__init__(filepath=filepath or "unset.keras", monitor=monitor,
+                         verbose=verbose, save_best_only=True, save_weights_only=False,
+                         mode=mode, save_freq=save_freq)
+        self.filepath = filepath
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if not self.filepath:
+            raise _hvd.UsageError("BestModelCheckpoint has no filepath: pass filepath= (a "
+                             ".keras or .h5 path) or set callback.filepath before training")
+        super().on_train_begin(logs)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if _hvd.rank() == 0:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if _hvd.rank() == 0:
+            super().on_epoch_end(epoch, logs)
+
+
 def _learning_rate(optimizer: Any) -> float:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 

@@ -36,3 +36,15 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         _hvd.synchronize(handle)
         variable.assign(array)
     return None
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Horovod's name for broadcasting TensorFlow 1's global variable collection. Keras 3
+    keeps its variables in models and optimizers, with no global collection (Horovod's
+    raises in TensorFlow 2's eager mode too): this raises a UsageError naming what to
+    call instead."""
+    raise _hvd.UsageError(
+        f"broadcast_global_variables({root_rank}): Keras 3 keeps no global variables to "
+        "broadcast. Call hvd.broadcast_variables(model.variables, root_rank) and "
+        "hvd.broadcast_variables(model.optimizer.variables, root_rank) once they are built, "
+        "or pass hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) to model.fit")

@@ -16,7 +16,7 @@ from hvdlite.tensorflow.basics import (BroadcastGlobalVariablesHook, _executing_
                                        local_size_op, process_set_included_op, rank_op,
                                        size_op)
 from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,
-                                          broadcast_variables)
+                                          broadcast_object_fn, broadcast_variables)
 from hvdlite.tensorflow.graph import XlaCompileError
 from hvdlite.tensorflow.ops import OPS as _OPS
 from hvdlite.tensorflow.optimizer import DistributedOptimizer
@@ -41,6 +41,6 @@ def __getattr__(name: str) -> Any:
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
     "SyncBatchNormalization", "broadcast_variables", "broadcast_global_variables",
-    "BroadcastGlobalVariablesHook",
+    "BroadcastGlobalVariablesHook", "broadcast_object_fn",
     "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
     "XlaCompileError", "elastic"]

@@ -3,7 +3,7 @@ every rank trains the same variables (which keeps a model that differs across
 ranks from hanging in a collective that some rank never submits)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -69,3 +69,13 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> list[Any]:
     """Every rank's ``obj`` in rank order (``session`` accepted for Horovod)."""
     return _hvd.allgather_object(obj, name, process_set)
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
+                        process_set: Optional[ProcessSet] = None) -> Callable[[Any], Any]:
+    """Horovod's factory for a TF1 session: a function that, called with an object on
+    every rank, returns ``root_rank``'s on every rank (as ``broadcast_object``; each call
+    is a collective). ``session`` is accepted for Horovod: nothing runs in a graph."""
+    def broadcast(obj: Any) -> Any:
+        return _hvd.broadcast_object(obj, root_rank, name, process_set)
+    return broadcast

@@ -33,8 +33,8 @@ class AdasumDistributedOptimizer(DistributedOptimizer):
                  named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
                  compression: type[Compressor] = Compression.none,
                  backward_passes_per_step: int = 1, op: int = _hvd.Adasum,
-                 gradient_predivide_factor: float = 1.0, groups: Any = None,
-                 sparse_as_dense: bool = False,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Any = None, sparse_as_dense: bool = False,
                  process_set: Optional[ProcessSet] = None) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise UsageError("this optimizer is already a DistributedOptimizer")

@@ -65,6 +65,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             then steps locally and Adasum-reduces each parameter's change).
         gradient_predivide_factor: with Average, divide by this before the sum and by
             ``size / factor`` after it (Horovod's meaning).
+        num_groups: Horovod's older spelling of ``groups=n`` (its position too), used
+            where ``groups`` is not given; 0, the default, asks for no groups.
         groups: a number of groups of consecutive parameters, or lists of parameters;
             each group is reduced together (one bucket of its own).
         sparse_as_dense: reduce sparse gradients (``nn.Embedding(sparse=True)``) as
@@ -88,8 +90,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
                  compression: type[Compressor] = Compression.none,
                  backward_passes_per_step: int = 1, op: int = _hvd.Average,
-                 gradient_predivide_factor: float = 1.0, groups: Groups = None,
-                 sparse_as_dense: bool = False,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Groups = None, sparse_as_dense: bool = False,
                  process_set: Optional[ProcessSet] = None) -> None:
         # Deliberately no Optimizer.__init__: the wrapped optimizer owns the parameter
         # groups and state; attributes we lack are looked up on it (__getattr__).
@@ -97,7 +99,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UsageError("this optimizer is already a DistributedOptimizer")
         self.__dict__["_optimizer"] = optimizer
         self._settings = Settings("DistributedOptimizer", compression, op,
-                                  gradient_predivide_factor, backward_passes_per_step, groups,
+                                  gradient_predivide_factor, backward_passes_per_step,
+                                  groups if groups is not None else (num_groups or None),
                                   process_set)
         self._sparse_as_dense = sparse_as_dense
         self._names = _parameter_names(optimizer, named_parameters)     # by id
