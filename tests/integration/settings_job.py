@@ -1,7 +1,7 @@
 """A job started with a different environment per rank (mpiexec's MPMD form), run by
 tests/integration/test_settings_agreement.py. Each rank prints one line: REFUSED with
-the error init() raised (then re-raises it, as an uncaught error would end the job),
-or STARTED after one allreduce."""
+the error init() raised (then, once every rank has said it, re-raises it, as an
+uncaught error would end the job), or STARTED after one allreduce."""
 from __future__ import annotations
 
 import os
@@ -22,6 +22,9 @@ def main() -> None:
     except hvd.HvdliteError as exc:
         from mpi4py import MPI
         _say(f"REFUSED rank {MPI.COMM_WORLD.Get_rank()}: {type(exc).__name__}: {exc}")
+        # The launcher ends every rank once one ends with an error: each says what it got
+        # first (init() failed before its engine ran anything, so MPI is this thread's).
+        MPI.COMM_WORLD.Barrier()
         raise
     hvd.allreduce(np.ones(2), name="step")
     _say(f"STARTED rank {hvd.rank()}")
