@@ -12,6 +12,7 @@ that are each rank's own are reported once, by rank 0, as a warning.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Sequence
 
@@ -33,7 +34,7 @@ def check(everyone: Sequence[RankSettings], me: int) -> None:
         if option.agreement is Agreement.SET and len({bool(v) for v in values}) > 1:
             errors.append(_differences(option, everyone, _set_or_unset))
         elif len(set(values)) > 1:
-            line = _differences(option, everyone, lambda v, o=option: _shown(o, v))
+            line = _differences(option, everyone, functools.partial(_shown, option))
             if option.agreement is Agreement.SAME:
                 errors.append(line)
             else:
@@ -61,9 +62,27 @@ def _differences(option: Option, everyone: Sequence[RankSettings],
     for rank, settings in enumerate(everyone):
         value = getattr(settings.config, option.field)
         groups.setdefault((show(value), _source(option, settings)), []).append(rank)
-    parts = [f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))} "
-             f"{shown} ({source})" for (shown, source), ranks in groups.items()]
+    parts = [f"{'ranks' if len(ranks) > 1 else 'rank'} {_spans(ranks)} {shown} ({source})"
+             for (shown, source), ranks in list(groups.items())[:_MOST_GROUPS]]
+    if len(groups) > _MOST_GROUPS:
+        parts.append(f"{len(groups) - _MOST_GROUPS} more values")
     return f"{option.env}: {', '.join(parts)}"
+
+
+# Values listed per setting; a path that holds each rank's number has one per rank.
+_MOST_GROUPS = 8
+
+
+def _spans(ranks: list[int]) -> str:
+    """'0, 2, 5-9': ascending ranks, runs of three or more as first-last."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][-1] + 1:
+            spans[-1].append(rank)
+        else:
+            spans.append([rank])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run))
+                     for run in spans)
 
 
 def _source(option: Option, settings: RankSettings) -> str:

@@ -46,6 +46,18 @@ def test_a_difference_that_must_not_be_is_the_same_error_on_every_rank(me: int) 
             "(HOROVOD_FUSION_THRESHOLD='1048576')") in str(info.value)
 
 
+def test_ranks_are_grouped_by_value_in_spans_and_many_values_cut_short() -> None:
+    everyone = ranks(*([{}] * 5), {"HVDLITE_CYCLE_TIME": "2"}, *([{}] * 3),
+                     {"HVDLITE_CYCLE_TIME": "2"})
+    with pytest.raises(ConfigError, match=r"HVDLITE_CYCLE_TIME: ranks 0-4, 6-8 1\.0 \(default\), "
+                                          r"ranks 5, 9 2\.0 \(HVDLITE_CYCLE_TIME='2'\)\. "):
+        check(everyone, 3)
+    many = ranks(*({"HVDLITE_RING_CHUNK": f"{k}K"} for k in range(1, 12)))
+    with pytest.raises(ConfigError, match=r"rank 7 8 KiB \(HVDLITE_RING_CHUNK='8K'\), 3 more "
+                                          r"values\. "):
+        check(many, 0)
+
+
 def test_a_default_chosen_for_the_node_is_told_apart() -> None:
     chosen = RankSettings(Config().replace(bucket_bytes="all"), {}, frozenset({"bucket_bytes"}))
     with pytest.raises(ConfigError, match=r"rank 0 all \(chosen from the topology\), "
