@@ -28,8 +28,9 @@ _WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "o
 
 def _switch_value(text: str) -> bool:
     """Horovod's on/off switch: an integer, on above 0 (Horovod reads it with C's strtol),
-    or one of hvdlite's boolean words (empty is off). Horovod would read anything else as whatever number
-    it starts with, "maybe" and "true" as off: here that is a ValueError, not a guess."""
+    or one of hvdlite's boolean words (empty is off). Horovod would read anything else as
+    whatever number it starts with, "maybe" and "true" as off: here that is a ValueError,
+    not a guess."""
     stripped = text.strip()
     if stripped.lower() in _WORDS:
         return _WORDS[stripped.lower()]

@@ -1,7 +1,8 @@
 """``hvd.ProcessSet(comm)`` with an mpi4py communicator, as Horovod's
 test_process_sets_multi_comm.py builds them: the set's ranks are the communicator's
 members in the world hvdlite runs on, and such a set is registered and reduced over like
-one built from ranks. (Under torchrun a communicator is refused: tests/unit/test_horovod_names.py.)"""
+one built from ranks. (Under torchrun a communicator is refused:
+tests/unit/test_horovod_names.py.)"""
 from __future__ import annotations
 
 import numpy as np
