@@ -19,13 +19,18 @@ with a warning naming the variable to set instead.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
 from hvdlite import horovod_env
 from hvdlite.config_values import (  # noqa: F401  (also importable from here)
+    OWN,
+    SAME,
+    SET,
+    Agreement,
+    Option,
+    knob,
     parse_bytes,
     parse_bucket_bytes,
     parse_bool,
@@ -38,52 +43,6 @@ from hvdlite.errors import ConfigError
 
 _log = logging.getLogger("hvdlite")
 
-class Agreement(enum.Enum):
-    """What every rank's value of a setting must have in common, checked by ``init()``
-    (``hvdlite.core.settings_agreement``). Every knob declares one."""
-    # It shapes the collectives (the layout, the negotiation, the backend chain): ranks
-    # that differ would wait on collectives the others never start. A ConfigError.
-    SAME = "the same value on every rank"
-    # Whether it is set decides collectives (rank 0 gathers the report at shutdown,
-    # writes the elastic state at commits); its value is used on rank 0 only.
-    SET = "set on every rank or on none"
-    # Each rank's own (a log level, a path only rank 0 writes): a difference is warned about.
-    OWN = "may differ between ranks"
-
-
-SAME, SET, OWN = Agreement.SAME, Agreement.SET, Agreement.OWN
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One knob: its Config field, default, parser, documentation and what ranks must agree on."""
-    field: str
-    default: Any
-    parse: Callable[[str], Any]
-    doc: str
-    agreement: Agreement
-
-    # Horovod's names for it, read when HVDLITE_* is unset; the first set that sets
-    # something wins (hvdlite.horovod_env converts their values).
-    aliases: tuple[str, ...] = ()
-    deprecated: tuple[str, ...] = ()   # hvdlite's old names for it, read with a warning
-
-    @property
-    def env(self) -> str:
-        return "HVDLITE_" + self.field.upper()
-
-
-def _knob(default: Any, parse: Callable[[str], Any], agreement: Agreement, doc: str,
-          aliases: tuple[str, ...] = (), deprecated: tuple[str, ...] = ()) -> Any:
-    """A Config field that carries its parser, what ranks must agree on and its doc; the
-    variable name is derived."""
-    if not isinstance(agreement, Agreement):
-        raise TypeError(f"a knob's agreement is an Agreement, not {agreement!r}")
-    return dataclasses.field(default=default, metadata={
-        "parse": parse, "doc": doc, "agreement": agreement, "aliases": aliases,
-        "deprecated": deprecated})
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Resolved hvdlite settings, read once by ``init()``; each field is ``HVDLITE_<FIELD>``.
@@ -92,7 +51,7 @@ class Config:
     a negotiated reconfiguration that replaces the object on every rank at the
     same point in the order of collectives (``hvdlite.core.runtime.reconfigure``).
     """
-    cycle_time: float = _knob(
+    cycle_time: float = knob(
         1.0, parse_nonneg_float, SAME,
         "With process sets besides the world: milliseconds an idle engine waits "
         "before joining a negotiation round while any rank has work; once every rank "
@@ -103,33 +62,33 @@ class Config:
         "or every cycle if that is longer. Work submitted locally wakes the engine at "
         "once.",
         aliases=("HOROVOD_CYCLE_TIME",))
-    fusion_threshold: int = _knob(
+    fusion_threshold: int = knob(
         64 << 20, parse_bytes, SAME,
         "Bytes of same-dtype allreduce tensors packed into one fused reduction "
         "(the persistent fusion buffer's size). 0 disables fusion.",
         aliases=("HOROVOD_FUSION_THRESHOLD",))
-    direct_threshold: int = _knob(
+    direct_threshold: int = knob(
         1 << 20, parse_bytes, SAME,
         "Allreduce tensors of at least this many bytes are never packed into the "
         "fusion buffer: each is reduced alone, in place in its own memory. Fusion "
         "amortizes per-op latency over small tensors; for large ones the two copies "
         "in and out of the buffer cost more than the latency saved (measured on the "
         "MLP benchmark: packing 7.4 MB of gradients cost ~1.5 ms of CPU per step).")
-    output_pool: int = _knob(
+    output_pool: int = knob(
         256 << 20, parse_bytes, OWN,
         "Bytes of idle memory kept for recycling the outputs of out = allreduce(x) "
         "on the CPU (outputs of 1 MiB and more). A fresh large output page-faults "
         "on every 4 KiB while it is written, which costs as much as a fast "
         "allreduce; a loop that drops last step's output reuses its memory. "
         "0 allocates every output anew.")
-    allreduce: str = _knob(
+    allreduce: str = knob(
         "auto", _choice("auto", "mpi", "ring", "ps"), SAME,
         "Allreduce backend: 'mpi' (MPI_Allreduce), 'ring' (hvdlite's ring over "
         "point-to-point with persistent buffers), 'auto' (mpi below "
         "HVDLITE_RING_THRESHOLD bytes, ring from there on) or 'ps' (parameter "
         "server: every rank sends its buffer to the process set's rank 0, which "
         "reduces and sends the result back; for comparison, never faster).")
-    shared_memory: bool = _knob(
+    shared_memory: bool = knob(
         True, parse_bool, SAME,
         "Under torchrun, where every rank of a process set is on one x86-64 Linux host, "
         "allreduce host data through the node's shared memory (anonymous, 4 MiB per rank "
@@ -137,21 +96,21 @@ class Config:
         "as MPICH (BENCHMARKS.md). The ranks fall back to Gloo together, logged by rank 0, "
         "where they span hosts or a segment cannot be made or opened; 0 always uses Gloo. "
         "MPI libraries use the node's memory on their own.")
-    gpu_allreduce: str = _knob(
+    gpu_allreduce: str = knob(
         "nccl", _choice("nccl", "mpi"), SAME,
         "How GPU tensors are reduced and moved: 'nccl' (NCCL on the GPUs, where the "
         "process set has one GPU per rank: CuPy's under MPI, torch's under torchrun; sets "
         "whose ranks share a GPU fall back to staging) or 'mpi' (copies through pinned host "
         "memory and the HVDLITE_ALLREDUCE backend; under torchrun, Gloo). Without NCCL, "
         "GPU tensors are always staged.")
-    backends: str = _knob(
+    backends: str = knob(
         "", parse_backends, SAME,
         "Backends asked first, by name, per device type, as torch's 'cpu:gloo,cuda:nccl': "
         "'cpu:mine,cuda:nccl' asks 'mine' first for host tensors; a bare name, for every "
         "device type it serves. The rest of each device's chain follows (registered "
         "backends, then the built-in ones). init() raises UnknownBackendError on every rank "
         "for a name not registered with hvdlite.backends.register_backend.")
-    bucket_bytes: int = _knob(
+    bucket_bytes: int = knob(
         25 << 20, parse_bucket_bytes, SAME,
         "The size of DistributedOptimizer's gradient buckets (torch, TensorFlow, Keras; "
         "CPU and GPU), as DDP's bucket_cap_mb: parameters are laid out in reverse "
@@ -163,7 +122,7 @@ class Config:
         "(hvdlite.core.defaults). 0 gives every gradient a bucket of its own (one request "
         "per gradient, for comparison).",
         deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
-    one_rank_shortcut: bool = _knob(
+    one_rank_shortcut: bool = knob(
         True, parse_bool, SAME,
         "On a process set of one rank a gradient is its own average, so "
         "DistributedOptimizer (torch, TensorFlow, Keras) sends nothing and a one-GPU "
@@ -171,35 +130,35 @@ class Config:
         "off: every gradient then goes through the engine, the buckets and the "
         "backend (NCCL on a GPU) exactly as on several ranks, so one GPU can test the "
         "multi-GPU path (make gpu-check and the GPU bucket tests use it).")
-    ring_threshold: int = _knob(
+    ring_threshold: int = knob(
         2 << 20, parse_bytes, SAME,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
         "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
         "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
         "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
-    ring_chunk: int = _knob(
+    ring_chunk: int = knob(
         256 << 10, parse_bytes, SAME,
         "Bytes per message in the ring; large segments are pipelined in chunks of "
         "this size so the reduction of one chunk overlaps the transfer of the next.")
-    cache_capacity: int = _knob(
+    cache_capacity: int = knob(
         1024, parse_nonneg_int, SAME,
         "Negotiated responses remembered per process set. A step whose tensors "
         "are all cached is agreed with one small bit-vector allreduce instead of "
         "a gather and a broadcast.",
         aliases=("HOROVOD_CACHE_CAPACITY",))
-    stall_check_time: float = _knob(
+    stall_check_time: float = knob(
         60.0, parse_nonneg_float, SAME,
         "Seconds a tensor may wait for other ranks before rank 0 logs it with the "
         "ranks that have not submitted it. A deadlock (every rank blocked in hvdlite on "
         "collectives another rank has not submitted) is a DeadlockError on every rank "
         "after half of it. 0 disables both.",
         aliases=("HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS"))
-    stall_shutdown_time: float = _knob(
+    stall_shutdown_time: float = knob(
         0.0, parse_nonneg_float, SAME,
         "If > 0, a tensor stalled this many seconds becomes a StallError on every "
         "rank and hvdlite stops, instead of waiting forever.",
         aliases=("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",))
-    timeline: str = _knob(
+    timeline: str = knob(
         "", str, OWN,
         "Path of a Chrome-trace JSON file that rank 0 writes, in the layout and with the "
         "event names of Horovod's timeline: a row per tensor, NEGOTIATE_ALLREDUCE, "
@@ -208,39 +167,39 @@ class Config:
         "Empty disables; DYNAMIC (Horovod's value) writes nothing until "
         "hvd.start_timeline(path).",
         aliases=("HOROVOD_TIMELINE",))
-    timeline_mark_cycles: bool = _knob(
+    timeline_mark_cycles: bool = knob(
         False, parse_bool, OWN,
         "With a timeline, mark the start of every engine cycle (a CYCLE_START event) "
         "to see how ops fall into negotiation cycles. Busy cycles are frequent: "
         "the trace grows fast.",
         aliases=("HOROVOD_TIMELINE_MARK_CYCLES",))
-    report: str = _knob(
+    report: str = knob(
         "", str, SET,
         "Directory where rank 0 writes report.json, report.txt and report.png at "
         "shutdown: per rank step time, compute, time blocked on communication, time "
         "waiting for slower peers, bytes moved and peak memory, the stragglers and "
         "a verdict (see 'Why is my training slow?'). Empty disables recording.")
-    output_check: str = _knob(
+    output_check: str = knob(
         "error", _choice("error", "warn"), SAME,
         "What init() does when an output hvdlite will write (the HVDLITE_REPORT "
         "directory, the HVDLITE_TIMELINE file, HVDLITE_ELASTIC_DIR, the "
         "HVDLITE_AUTOTUNE_LOG file) cannot be written "
         "by rank 0: 'error' raises OutputPathError on every rank before any training; "
         "'warn' logs it and goes on (that output then fails when it is written).")
-    log_level: str = _knob(
+    log_level: str = knob(
         "warning", _choice("debug", "info", "warning", "error"), OWN,
         "Level of the 'hvdlite' logger.",
         aliases=("HOROVOD_LOG_LEVEL",))
-    abort_on_error: bool = _knob(
+    abort_on_error: bool = knob(
         True, parse_bool, OWN,
         "On an uncaught exception in any rank, print its traceback once and abort "
         "the whole MPI job, so no other rank is left hanging in a collective.")
-    spin_time: float = _knob(
+    spin_time: float = knob(
         100.0, parse_nonneg_float, OWN,
         "Microseconds the engine busy-polls a pending negotiation before it "
         "starts sleeping between polls (lower latency vs. CPU left to compute).")
 
-    peer_timeout: float = _knob(
+    peer_timeout: float = knob(
         20.0, parse_nonneg_float, OWN,
         "Seconds a negotiation round may wait on a rank that does not answer before "
         "every other rank fails with PeerLostError naming it (a frozen, stopped or "
@@ -248,7 +207,7 @@ class Config:
         "about a second when it ran on the same host, also in the middle of a data "
         "collective. 0 disables the timeout (ended "
         "processes are still reported).")
-    exit_guard: bool = _knob(
+    exit_guard: bool = knob(
         True, parse_bool, OWN,
         "Under MPICH's hydra launcher, keep each rank's launcher connection open "
         "for a while after its process ends (one small helper process per rank), so "
@@ -259,24 +218,24 @@ class Config:
         "kills every rank as soon as it sees one killed by a signal, before any could "
         "report which rank was lost.")
 
-    elastic_dir: str = _knob(
+    elastic_dir: str = knob(
         "", str, SET,
         "Directory where hvd.elastic.run keeps the committed state: rank 0 writes it "
         "atomically on commit() (temporary file, fsync, rename) and a restarted job "
         "resumes from it; a write that fails raises StateWriteError on every rank at that "
         "commit. hvdliterun --elastic sets a fresh one per launch; the SLURM "
         "elastic template one per job id. Empty: commits stay in memory only.")
-    elastic_persist_every: int = _knob(
+    elastic_persist_every: int = knob(
         1, parse_positive_int, SAME,
         "With HVDLITE_ELASTIC_DIR set, write every n-th commit() to disk (the others "
         "stay in memory). A preempted job always writes its last commit.")
-    elastic_trust_dir: bool = _knob(
+    elastic_trust_dir: bool = knob(
         False, parse_bool, OWN,
         "Load the committed state even where HVDLITE_ELASTIC_DIR or its file is owned by "
         "another user or is group- or world-writable (refused by default, as ssh refuses "
         "such keys: whoever can write there could make every rank run their code).")
 
-    autotune: bool = _knob(
+    autotune: bool = knob(
         False, parse_bool, SAME,
         "Measure instead of trusting defaults: during the first steps of training every "
         "rank runs the same candidate settings (the size from which the ring replaces "
@@ -287,17 +246,17 @@ class Config:
         "given explicitly are not tuned. Step boundaries come from the DistributedOptimizer "
         "(torch, Keras) or hvd.step_done().",
         aliases=("HOROVOD_AUTOTUNE",))
-    autotune_log: str = _knob(
+    autotune_log: str = knob(
         "", str, OWN,
         "With HVDLITE_AUTOTUNE, the CSV file rank 0 writes every trial to (its settings, "
         "steps and step time per rank) and, last, the choice and why. Checked at init() "
         "like the other outputs. Empty: no log (the report still shows the choice).",
         aliases=("HOROVOD_AUTOTUNE_LOG",))
-    autotune_warmup_steps: int = _knob(
+    autotune_warmup_steps: int = knob(
         3, parse_nonneg_int, SAME,
         "With HVDLITE_AUTOTUNE, optimizer steps before the first trial: the first steps "
         "build the gradient buckets and fault in buffers, and are slower than the rest.")
-    autotune_steps_per_sample: int = _knob(
+    autotune_steps_per_sample: int = knob(
         5, parse_positive_int, SAME,
         "With HVDLITE_AUTOTUNE, the fewest optimizer steps timed per trial (after one "
         "untimed step following each switch); more when steps are short, so that a trial "

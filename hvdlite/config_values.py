@@ -1,11 +1,14 @@
-"""How a setting's text is read: the parsers ``hvdlite.config`` declares its knobs with.
-Each raises ValueError with what it expected; ``Config.load`` turns that into a
-ConfigError naming the variable and its value."""
+"""What ``hvdlite.config`` declares its knobs with: the parsers that read a setting's text
+(each raises ValueError with what it expected; ``Config.load`` turns that into a
+ConfigError naming the variable and its value), what ranks must share of it
+(``Agreement``), and the declaration itself (``knob``, ``Option``)."""
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import re
-from typing import Callable
+from typing import Any, Callable
 
 _SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
                   "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -89,3 +92,49 @@ def _choice(*allowed: str) -> Callable[[str], str]:
             raise ValueError(f"expected one of {', '.join(allowed)}")
         return value
     return parse
+
+
+class Agreement(enum.Enum):
+    """What every rank's value of a setting must have in common, checked by ``init()``
+    (``hvdlite.core.settings_agreement``). Every knob declares one."""
+    # It shapes the collectives (the layout, the negotiation, the backend chain): ranks
+    # that differ would wait on collectives the others never start. A ConfigError.
+    SAME = "the same value on every rank"
+    # Whether it is set decides collectives (rank 0 gathers the report at shutdown,
+    # writes the elastic state at commits); its value is used on rank 0 only.
+    SET = "set on every rank or on none"
+    # Each rank's own (a log level, a path only rank 0 writes): a difference is warned about.
+    OWN = "may differ between ranks"
+
+
+SAME, SET, OWN = Agreement.SAME, Agreement.SET, Agreement.OWN
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One knob: its Config field, default, parser, documentation and what ranks must agree on."""
+    field: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    agreement: Agreement
+
+    # Horovod's names for it, read when HVDLITE_* is unset; the first set that sets
+    # something wins (hvdlite.horovod_env converts their values).
+    aliases: tuple[str, ...] = ()
+    deprecated: tuple[str, ...] = ()   # hvdlite's old names for it, read with a warning
+
+    @property
+    def env(self) -> str:
+        return "HVDLITE_" + self.field.upper()
+
+
+def knob(default: Any, parse: Callable[[str], Any], agreement: Agreement, doc: str,
+          aliases: tuple[str, ...] = (), deprecated: tuple[str, ...] = ()) -> Any:
+    """A Config field that carries its parser, what ranks must agree on and its doc; the
+    variable name is derived."""
+    if not isinstance(agreement, Agreement):
+        raise TypeError(f"a knob's agreement is an Agreement, not {agreement!r}")
+    return dataclasses.field(default=default, metadata={
+        "parse": parse, "doc": doc, "agreement": agreement, "aliases": aliases,
+        "deprecated": deprecated})

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from hvdlite.config import OPTIONS, Agreement, Config, _knob, parse_bool, sources
+from hvdlite.config import OPTIONS, Agreement, Config, knob, parse_bool, sources
 from hvdlite.core.defaults import RankSettings
 from hvdlite.core.settings_agreement import check
 from hvdlite.errors import ConfigError
@@ -31,9 +31,9 @@ def test_every_setting_declares_what_ranks_must_share() -> None:
 
 def test_a_knob_without_a_kind_is_refused() -> None:
     with pytest.raises(TypeError):
-        _knob(False, parse_bool, "a doc")                   # type: ignore[call-arg]
+        knob(False, parse_bool, "a doc")                   # type: ignore[call-arg]
     with pytest.raises(TypeError, match="Agreement"):
-        _knob(False, parse_bool, "same", "a doc")          # type: ignore[arg-type]
+        knob(False, parse_bool, "same", "a doc")          # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("me", [0, 1, 2])
