@@ -33,7 +33,35 @@ Average, Sum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN,
                                    ReduceOp.PRODUCT)
 Adasum = ReduceOp.ADASUM
 
-globals().update(_make_ops(_NUMPY))   # allreduce, allreduce_async, ... (see OP_NAMES)
+# The collectives on NumPy arrays, one name per op of the factory's set (OP_NAMES;
+# tests/unit/test_binding_names.py checks that none is left out).
+_OPS = _make_ops(_NUMPY)
+allreduce = _OPS["allreduce"]
+allreduce_async = _OPS["allreduce_async"]
+allreduce_ = _OPS["allreduce_"]
+allreduce_async_ = _OPS["allreduce_async_"]
+grouped_allreduce = _OPS["grouped_allreduce"]
+grouped_allreduce_async = _OPS["grouped_allreduce_async"]
+grouped_allreduce_ = _OPS["grouped_allreduce_"]
+grouped_allreduce_async_ = _OPS["grouped_allreduce_async_"]
+allgather = _OPS["allgather"]
+allgather_async = _OPS["allgather_async"]
+grouped_allgather = _OPS["grouped_allgather"]
+grouped_allgather_async = _OPS["grouped_allgather_async"]
+broadcast = _OPS["broadcast"]
+broadcast_async = _OPS["broadcast_async"]
+broadcast_ = _OPS["broadcast_"]
+broadcast_async_ = _OPS["broadcast_async_"]
+alltoall = _OPS["alltoall"]
+alltoall_async = _OPS["alltoall_async"]
+reducescatter = _OPS["reducescatter"]
+reducescatter_async = _OPS["reducescatter_async"]
+grouped_reducescatter = _OPS["grouped_reducescatter"]
+grouped_reducescatter_async = _OPS["grouped_reducescatter_async"]
+synchronize = _OPS["synchronize"]
+poll = _OPS["poll"]
+join = _OPS["join"]
+barrier = _OPS["barrier"]
 
 # Shared by every binding: a binding's __all__ is its op set plus these names.
 COMMON_NAMES = (

@@ -18,7 +18,6 @@ from hvdlite.tensorflow.basics import (BroadcastGlobalVariablesHook, _executing_
 from hvdlite.tensorflow.functions import (allgather_object, broadcast_object,
                                           broadcast_object_fn, broadcast_variables)
 from hvdlite.tensorflow.graph import XlaCompileError
-from hvdlite.tensorflow.ops import OPS as _OPS
 from hvdlite.tensorflow.optimizer import DistributedOptimizer
 from hvdlite.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 from hvdlite.tensorflow import elastic
@@ -26,9 +25,26 @@ from hvdlite.tensorflow import elastic
 # hvd.util._executing_eagerly).
 from hvdlite.tensorflow import compression, mpi_ops, util  # noqa: F401
 
-globals().update({name: getattr(_hvd, name) for name in _hvd.COMMON_NAMES
-                  if name not in ("broadcast_object", "allgather_object")})
-globals().update(_OPS)
+from hvdlite.tensorflow.mpi_ops import (
+    # the runtime
+    init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
+    is_homogeneous, local_device, mpi_threads_supported,
+    ProcessSet, global_process_set, add_process_set, remove_process_set,
+    start_timeline, stop_timeline, traffic, step_done,
+    mpi_built, mpi_enabled, nccl_built, gloo_built, gloo_enabled, ccl_built, cuda_built,
+    rocm_built, ddl_built,
+    ReduceOp, Average, Sum, Adasum, Min, Max, Product, Compression, GroupHandle,
+    HvdliteError, UsageError, HvdliteTypeError, NotInitializedError, NotSupportedError,
+    DuplicateNameError, ConfigError, MismatchError, DeadlockError, JoinError, StallError,
+    ShutdownError, PeerLostError, CollectiveFailedError, HostsUpdatedError, StateError,
+    HorovodInternalError, HostsUpdatedInterrupt, OutputPathError,
+    # the collectives on TensorFlow tensors
+    allreduce, allreduce_async, allreduce_, allreduce_async_,
+    grouped_allreduce, grouped_allreduce_async, grouped_allreduce_, grouped_allreduce_async_,
+    allgather, allgather_async, grouped_allgather, grouped_allgather_async,
+    broadcast, broadcast_async, broadcast_, broadcast_async_, alltoall, alltoall_async,
+    reducescatter, reducescatter_async, grouped_reducescatter, grouped_reducescatter_async,
+    synchronize, poll, join, barrier)
 
 
 def __getattr__(name: str) -> Any:
