@@ -40,12 +40,14 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def allreduce_async(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                         op: Optional[int] = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0, process_set: PS = None) -> int:
+        """Start ``allreduce``; returns a handle for ``synchronize`` or ``poll``."""
         return c.allreduce_async(a, tensor, average, name, op, prescale_factor,
                                  postscale_factor, process_set)
 
     def allreduce_async_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                          op: Optional[int] = None, prescale_factor: float = 1.0,
                          postscale_factor: float = 1.0, process_set: PS = None) -> int:
+        """Start an in-place ``allreduce`` of ``tensor``; returns a handle."""
         return c.allreduce_async(a, tensor, average, name, op, prescale_factor,
                                  postscale_factor, process_set, inplace=True)
 
@@ -63,6 +65,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def allreduce_(tensor: Any, average: Optional[bool] = None, name: Optional[str] = None,
                    op: Optional[int] = None, prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0, process_set: PS = None) -> Any:
+        """Reduce ``tensor`` in place across the process set; returns it."""
         return sync(c.allreduce_async(a, tensor, average, name, op, prescale_factor,
                                       postscale_factor, process_set, inplace=True))
 
@@ -70,6 +73,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                                 name: Optional[str] = None, op: Optional[int] = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 process_set: PS = None) -> submission.GroupHandle:
+        """Start one ``allreduce`` per tensor, negotiated as a group; returns a group handle."""
         return c.grouped_allreduce(a, allreduce_async, tensors, name, False, process_set,
                                    average=average, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor)
@@ -78,6 +82,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                                  name: Optional[str] = None, op: Optional[int] = None,
                                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                  process_set: PS = None) -> submission.GroupHandle:
+        """Start an in-place ``allreduce`` per tensor, as a group; returns a group handle."""
         return c.grouped_allreduce(a, allreduce_async_, tensors, name, True, process_set,
                                    average=average, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor)
@@ -87,6 +92,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                           compression: Optional[type[Compressor]] = None,
                           op: Optional[int] = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, process_set: PS = None) -> list[Any]:
+        """Reduce each tensor across the process set, as one group; returns the list."""
         return compressed_all(compression, tensors, lambda wires: sync(grouped_allreduce_async(
             wires, average, name, op, prescale_factor, postscale_factor, process_set)))
 
@@ -94,10 +100,12 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                            name: Optional[str] = None, op: Optional[int] = None,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: PS = None) -> list[Any]:
+        """Reduce each tensor in place, as one group; returns them."""
         return sync(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                              postscale_factor, process_set))
 
     def allgather_async(tensor: Any, name: Optional[str] = None, process_set: PS = None) -> int:
+        """Start ``allgather``; returns a handle for ``synchronize`` or ``poll``."""
         return c.allgather_async(a, tensor, name, process_set)
 
     def allgather(tensor: Any, name: Optional[str] = None, process_set: PS = None) -> Any:
@@ -106,18 +114,22 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
 
     def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
                                 process_set: PS = None) -> submission.GroupHandle:
+        """Start one ``allgather`` per tensor, as a group; returns a group handle."""
         return c.grouped(a, allgather_async, tensors, name, "allgather", process_set)
 
     def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                           process_set: PS = None) -> list[Any]:
+        """Allgather each tensor, as one group; returns the list."""
         return sync(grouped_allgather_async(tensors, name, process_set))
 
     def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
                         process_set: PS = None) -> int:
+        """Start ``broadcast``; returns a handle for ``synchronize`` or ``poll``."""
         return c.broadcast_async(a, tensor, root_rank, name, process_set)
 
     def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None,
                          process_set: PS = None) -> int:
+        """Start an in-place ``broadcast`` into ``tensor``; returns a handle."""
         return c.broadcast_async(a, tensor, root_rank, name, process_set, inplace=True)
 
     def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
@@ -128,10 +140,12 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
 
     def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None,
                    process_set: PS = None) -> Any:
+        """Overwrite ``tensor`` with ``root_rank``'s; returns it."""
         return sync(broadcast_async_(tensor, root_rank, name, process_set))
 
     def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None,
                        process_set: PS = None) -> int:
+        """Start ``alltoall``; returns a handle for ``synchronize`` or ``poll``."""
         return c.alltoall_async(a, tensor, splits, name, process_set)
 
     def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
@@ -143,6 +157,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
     def reducescatter_async(tensor: Any, name: Optional[str] = None, op: Optional[int] = None,
                             process_set: PS = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0) -> int:
+        """Start ``reducescatter``; returns a handle for ``synchronize`` or ``poll``."""
         return c.reducescatter_async(a, tensor, name, op, process_set, prescale_factor,
                                      postscale_factor)
 
@@ -159,6 +174,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                                     op: Optional[int] = None, process_set: PS = None,
                                     prescale_factor: float = 1.0,
                                     postscale_factor: float = 1.0) -> submission.GroupHandle:
+        """Start one ``reducescatter`` per tensor, as a group; returns a group handle."""
         return c.grouped(a, reducescatter_async, tensors, name, "reducescatter", process_set,
                          op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor)
@@ -168,6 +184,7 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
                               op: Optional[int] = None, process_set: PS = None,
                               prescale_factor: float = 1.0,
                               postscale_factor: float = 1.0) -> list[Any]:
+        """Reducescatter each tensor, as one group; returns the list."""
         return compressed_all(compression, tensors, lambda wires: sync(
             grouped_reducescatter_async(wires, name, op, process_set, prescale_factor,
                                         postscale_factor)))
@@ -183,8 +200,9 @@ def make_ops(adapter: TensorAdapter) -> dict[str, Callable[..., Any]]:
 
 
 def _tag(function: Callable[..., Any], adapter: TensorAdapter) -> Callable[..., Any]:
-    """Name the generated function after the binding (for help() and tracebacks)."""
-    if getattr(function, "__module__", "").startswith("hvdlite.api."):
+    """Name the generated function after the binding (for help() and tracebacks);
+    the runtime's own functions (synchronize, poll, barrier) keep their names."""
+    if getattr(function, "__module__", None) != __name__:
         return function
     module = "hvdlite" if adapter.framework == "numpy" else f"hvdlite.{adapter.framework}"
     function.__module__ = module

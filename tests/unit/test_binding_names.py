@@ -111,6 +111,17 @@ def test_each_binding_names_the_factorys_whole_op_set_and_the_runtime(module: st
     assert set(OP_NAMES) | set(runtime) <= set(binding.__all__)
 
 
+def test_help_shows_each_generated_op_under_its_binding_with_a_docstring() -> None:
+    signature = inspect.signature(hvdlite.allreduce)
+    assert list(signature.parameters)[:3] == ["tensor", "average", "name"]
+    for name in OP_NAMES:
+        op = getattr(hvdlite, name)
+        assert op.__doc__, f"help(hvdlite.{name}) shows no description"
+        assert "<locals>" not in op.__qualname__, f"hvdlite.{name} is {op.__qualname__}"
+    assert hvdlite.allreduce_async.__module__ == "hvdlite"
+    assert hvdlite.synchronize.__module__ == "hvdlite.api.submission"   # the runtime's own
+
+
 # -- Horovod's names ---------------------------------------------------------------------------
 # Read from Horovod 0.28.1 (https://github.com/horovod/horovod, tag v0.28.1 and master).
 HOROVOD = {
