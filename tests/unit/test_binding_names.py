@@ -247,7 +247,6 @@ _HELPERS = _reasons(
     "get_ext_suffix", "gpu_available", "handle_average_backwards_compatibility",
     "is_version_greater_equal_than", "mpi_lib", "MPI_LIB", "num_rank_is_power_2",
     "refs_to_vars", "split_list", "vars_to_refs")
-_NOT_YET = "not in hvdlite yet"
 
 # Horovod's names an hvdlite module does not have.
 MISSING: dict[str, dict[str, str]] = {
@@ -260,11 +259,10 @@ MISSING: dict[str, dict[str, str]] = {
         "HorovodReducescatter")},
     "hvdlite.tensorflow": {**_HELPERS, **_reasons(
         "Horovod's gradient aggregation for TF1 optimizers; hvdlite's optimizers aggregate "
-        "on their own", "LocalGradientAggregationHelper"),
-        "broadcast_object_fn": _NOT_YET},
+        "on their own", "LocalGradientAggregationHelper")},
     "hvdlite.tensorflow.mpi_ops": _HELPERS,
-    "hvdlite.keras": {**_HELPERS, "broadcast_global_variables": _NOT_YET},
-    "hvdlite.keras.callbacks": {**_HELPERS, "BestModelCheckpoint": _NOT_YET},
+    "hvdlite.keras": _HELPERS,
+    "hvdlite.keras.callbacks": _HELPERS,
 }
 
 _RUNTIME_ADDED = {
