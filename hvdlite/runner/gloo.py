@@ -76,7 +76,7 @@ def launch(np: int, program: Sequence[str], settings: Mapping[str, str],
     scratch = tempfile.mkdtemp(prefix="hvdliterun-gloo-")
     try:
         return Supervisor().run(["env", *variables, f"TMPDIR={scratch}",
-                                 *command(np, program)])
+                                 *command(np, program)], scratch=[scratch])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

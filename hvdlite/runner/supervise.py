@@ -8,7 +8,8 @@ SIGTERM for ever. So after SIGINT or SIGTERM it has GRACE_SECONDS to end; then i
 killed (SIGKILL) with every process under it on this machine, whose ranks and proxies
 would otherwise outlive it. After a launcher that failed, the files its MPI left on this
 machine (a shared-memory segment in /dev/shm, hydra's /tmp file) are removed
-(runner/leftovers.py).
+(runner/leftovers.py). Should hvdliterun itself be killed (SIGKILL: no handler runs), a
+watchdog process ends the job and removes its scratch folders (runner/watchdog.py).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import IO, Callable, Optional
+from typing import IO, Callable, Optional, Sequence
 
 from hvdlite.runner import leftovers
+from hvdlite.runner.watchdog import Watchdog, process_tree
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
@@ -42,20 +44,27 @@ class Supervisor:
         self._pending: list[int] = []
         self._killer: Optional[threading.Timer] = None
 
-    def run(self, command: list[str], read_stderr: Optional[StderrReader] = None) -> int:
+    def run(self, command: list[str], read_stderr: Optional[StderrReader] = None,
+            scratch: Sequence[str] = ()) -> int:
         """Runs ``command`` to its end: its exit code, 128 + N when signal N ended it (as
-        a shell reports it), 127 when it could not be started."""
+        a shell reports it), 127 when it could not be started. ``scratch``: folders the
+        job uses, which the watchdog removes should hvdliterun die first."""
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         before = leftovers.present()
         code = 127
+        watchdog = Watchdog()
         try:
+            for folder in scratch:
+                watchdog.watch_folder(folder)
             try:
                 self._child = subprocess.Popen(
-                    command, stderr=subprocess.PIPE if read_stderr else None)
+                    command, stderr=subprocess.PIPE if read_stderr else None,
+                    env=watchdog.environment(dict(os.environ)))
             except OSError as exc:
                 _say(f"hvdliterun: the launcher {command[0]} could not be started ({exc}); "
                      "check --mpiexec and the arguments")
                 return 127
+            watchdog.watch_process(self._child.pid)
             for signum in self._pending:    # came before the launcher existed
                 self._forward(signum, None)
             reader = None
@@ -75,6 +84,7 @@ class Supervisor:
                 signal.signal(s, handler)
             if code != 0:
                 leftovers.sweep(before)
+            watchdog.release()
 
     def _forward(self, signum: int, frame: object) -> None:
         if signum in _STOPPING:
@@ -103,31 +113,6 @@ class Supervisor:
         under = f" and {len(tree) - 1} process(es) under it" if len(tree) > 1 else ""
         _say(f"hvdliterun: the launcher {child.args[0]} did not stop within {self.grace:g} s "
              f"of {signal.Signals(signum).name}; killed it{under} (SIGKILL)")
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and the processes under it, parents first, from Linux's /proc (elsewhere
-    ``root`` alone). Read before any is killed: an orphan's parent becomes init."""
-    try:
-        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
-    except OSError:
-        return [root]
-    children: dict[int, list[int]] = {}
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:                      # ended while we looked
-            continue
-        # "pid (name) state ppid ...": the name may hold spaces and ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    tree, index = [root], 0
-    while index < len(tree):
-        tree.extend(children.get(tree[index], []))
-        index += 1
-    return tree
 
 
 def _say(text: str) -> None:

@@ -1,0 +1,101 @@
+"""How a job started by hvdliterun ends, under MPI and under --gloo (torchrun): with the
+ranks' exit code; with one line and 127 when its program does not exist; and with no
+rank left running and no scratch folder left in TMPDIR when hvdliterun itself is
+SIGKILLed (a batch system, the out-of-memory killer).
+
+The ranks are plain Python programs, not hvdlite ones: what is under test is the
+launcher, and each launch costs seconds."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdlite.runner.supervise import process_tree
+from tests.processes import alive
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+TRANSPORTS = {"mpi": [], "gloo": ["--gloo"]}
+NO_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                              reason="hvdliterun --gloo needs torch")
+# A rank that says it started (a file named by its pid), then waits for ever.
+BLOCK = ("import os, signal, sys\n"
+         "open(os.path.join(sys.argv[1], f'pid.{os.getpid()}'), 'w').close()\n"
+         "while True:\n"
+         "    signal.pause()\n")
+
+
+def _environment(tmp_path: Path) -> dict[str, str]:
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir(exist_ok=True)
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(scratch))
+
+
+def _hvdliterun(transport: str, np: int, *command: str) -> list[str]:
+    return [sys.executable, "-m", "hvdlite.run", *TRANSPORTS[transport], "-np", str(np),
+            *command]
+
+
+def _started(folder: Path, np: int, proc: subprocess.Popen[str], timeout: float = 120
+             ) -> list[int]:
+    """The ranks' pids, once every rank has said it started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(path.name.split(".")[1]) for path in folder.glob("pid.*")]
+        if len(pids) == np:
+            return pids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"{np} ranks did not start within {timeout} s")
+
+
+def _gone(pids: list[int], timeout: float) -> list[int]:
+    """Those of ``pids`` still running after ``timeout`` s (none: at once when all end)."""
+    deadline = time.monotonic() + timeout
+    while (running := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running
+
+
+# -n 4 under MPI only: a torchrun launch costs 10-20 s on a loaded machine.
+CASES = [("mpi", 2), ("mpi", 4), pytest.param("gloo", 2, marks=NO_TORCH)]
+
+
+@pytest.mark.parametrize("transport,np", CASES)
+def test_a_sigkilled_hvdliterun_takes_its_ranks_and_scratch_folder_with_it(
+        transport: str, np: int, tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    env = _environment(tmp_path)
+    proc = subprocess.Popen(_hvdliterun(transport, np, sys.executable, "-c", BLOCK,
+                                        str(ranks)),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        ranks_pids = _started(ranks, np, proc)
+        # The launcher (mpiexec or torchrun) and all under it, the watchdog, the ranks.
+        pids = sorted(set(process_tree(proc.pid)[1:] + ranks_pids))
+        proc.kill()
+        proc.wait()
+        # Generous: the promise is seconds; a loaded machine may take a few more.
+        assert _gone(pids, timeout=30) == [], "processes outlived their SIGKILLed hvdliterun"
+        # The watchdog writes its last words on hvdliterun's stderr, then closes it.
+        _, err = proc.communicate(timeout=30)
+        assert "its watchdog killed the job's" in err, err
+        assert list(Path(env["TMPDIR"]).iterdir()) == [], err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
