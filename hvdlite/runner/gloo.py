@@ -38,9 +38,11 @@ def torchrun_here(np: int) -> list[str]:
 
 def command(np: int, program: Sequence[str]) -> list[str]:
     """torchrun on this machine, ``np`` ranks, each starting ``program`` through this
-    module (``--no-python``: the program is run as given, ``python train.py`` or not)."""
-    return [*torchrun_here(np), "--no-python", sys.executable, "-m", "hvdlite.runner.gloo",
-            *program]
+    module (``--no-python``: the program is run as given, ``python train.py`` or not).
+    torchrun runs through hvdlite.runner.torchrun, so that the job's exit code is the
+    failed rank's, not torchrun's 1."""
+    return [sys.executable, "-m", "hvdlite.runner.torchrun", *torchrun_here(np)[3:],
+            "--no-python", sys.executable, "-m", "hvdlite.runner.gloo", *program]
 
 
 def check(args: argparse.Namespace) -> None:

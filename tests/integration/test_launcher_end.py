@@ -30,6 +30,14 @@ BLOCK = ("import os, signal, sys\n"
          "open(os.path.join(sys.argv[1], f'pid.{os.getpid()}'), 'w').close()\n"
          "while True:\n"
          "    signal.pause()\n")
+# The last rank exits with status 3 at once; the others wait, until the launcher ends them
+# (torchrun ends a job at a worker's failure; hydra waits for every rank, so there each
+# rank exits 3).
+EXIT_3 = ("import os, signal, sys\n"
+          "if sys.argv[1] == 'every' or int(os.environ['RANK']) == int(os.environ['WORLD_SIZE']) - 1:\n"
+          "    sys.exit(3)\n"
+          "while True:\n"
+          "    signal.pause()\n")
 
 
 def _environment(tmp_path: Path) -> dict[str, str]:
@@ -97,5 +105,14 @@ def test_a_sigkilled_hvdliterun_takes_its_ranks_and_scratch_folder_with_it(
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("transport,np", CASES)
+def test_the_exit_code_is_the_failed_ranks(transport: str, np: int, tmp_path: Path) -> None:
+    which = "every" if transport == "mpi" else "last"
+    done = subprocess.run(_hvdliterun(transport, np, sys.executable, "-c", EXIT_3, which),
+                          cwd=ROOT, env=_environment(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
 
 

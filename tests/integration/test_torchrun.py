@@ -277,7 +277,7 @@ def test_hvdliterun_gloo_sets_horovods_launch_variables_and_passes_knobs(
 
 def test_hvdliterun_gloo_exits_with_the_failing_ranks_status() -> None:
     proc = _hvdliterun_gloo("-np", "2", FAIL_RANK="1")
-    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert proc.returncode == 7, proc.stdout + proc.stderr      # rank 1's sys.exit(7)
     assert "HOROVOD rank 0 of 2" in proc.stdout + proc.stderr
 
 

@@ -175,7 +175,7 @@ def test_gloo_dry_run_is_torchrun_with_the_knobs_and_horovods_variables_per_rank
                         "python", "train.py", "--epochs", "2"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("env HVDLITE_FUSION_THRESHOLD=8.0MiB ")
-    assert "-m torch.distributed.run --standalone --nproc_per_node=3 --no-python" in line
+    assert "-m hvdlite.runner.torchrun --standalone --nproc_per_node=3 --no-python" in line
     assert line.endswith("-m hvdlite.runner.gloo python train.py --epochs 2")
 
 
@@ -186,3 +186,11 @@ def test_horovods_variables_come_from_torchruns() -> None:
     assert horovod_variables(env) == {
         "HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1",
         "HOROVOD_LOCAL_SIZE": "4", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
+
+
+def test_torchruns_failure_gives_the_first_failed_ranks_exit_code() -> None:
+    from types import SimpleNamespace
+    from hvdlite.runner.torchrun import exit_code
+    for code, job in [(3, 3), (-9, 137), (-15, 143)]:
+        failure = SimpleNamespace(exitcode=code)
+        assert exit_code(SimpleNamespace(get_first_failure=lambda: (1, failure))) == job
