@@ -98,7 +98,12 @@ def main(argv: Sequence[str]) -> None:
     if not argv:
         sys.exit("usage: python -m hvdlite.runner.gloo PROGRAM [ARGS...] (under torchrun)")
     os.environ.update(horovod_variables(os.environ))
-    os.execvp(argv[0], list(argv))
+    try:
+        os.execvp(argv[0], list(argv))
+    except OSError as exc:      # one line, as a shell says it, not a traceback
+        sys.stderr.write(f"hvdliterun --gloo: rank {os.environ.get('RANK', '?')} could not "
+                         f"start {argv[0]}: {exc.strerror or exc}\n")
+        sys.exit(127)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """hvdliterun's inputs, checked before any of them reaches the launcher: host lists (-H,
---hostfile, a discovery script's lines), slot and rank counts, seconds.
+--hostfile, a discovery script's lines), slot and rank counts, seconds, and the program
+the ranks are to run.
 
 The launchers trust what they are given, and some inputs hang them: MPICH's mpiexec
 given ``localhost:99999999999999999999`` spins for ever without starting a rank (and
@@ -9,8 +10,10 @@ check raises ConfigError saying what is wrong; the caller names the input and th
 from __future__ import annotations
 
 import math
+import os
 import re
-from typing import Optional
+import shutil
+from typing import Optional, Sequence
 
 from hvdlite.errors import ConfigError
 
@@ -26,6 +29,8 @@ _MAX_HOST = 253                  # the longest DNS name
 _DIGITS = re.compile(r"[0-9]+")  # str.isdigit() also takes '²', which int() refuses
 # Hostfile options that count slots: Open MPI's (`node slots=4 max_slots=8`).
 _SLOT_OPTIONS = ("slots", "max_slots", "max-slots", "count")
+# A Python interpreter's name: python, python3, python3.12.
+_PYTHON = re.compile(r"python[0-9.]*")
 
 
 def shown(text: str, limit: int = 60) -> str:
@@ -127,3 +132,45 @@ def check_number(flag: str, value: float, unit: str, zero: bool = True) -> None:
         least = ">= 0" if zero else "> 0"
         raise ConfigError(f"{flag} {value:g} is not a finite number of {unit} {least}; "
                           f"give {flag} such a number")
+
+
+def program_problem(command: Sequence[str]) -> Optional[str]:
+    """Why a rank on this machine could not start ``command``, or None: the program
+    resolved as the rank's exec would (a path as given, a bare name on PATH), and the
+    script of ``python SCRIPT ...`` (a missing one fails in every rank, each saying so)."""
+    program = command[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            return (f"the program {program} is not an executable file; give the path of "
+                    "one, or a program on PATH")
+    elif shutil.which(program) is None:
+        return (f"the program {shown(program)} is not on PATH; give its path, or install "
+                "it where the ranks find it")
+    script = python_script(command)
+    if script is not None and not os.path.isfile(script):
+        return (f"{program}'s script {script} does not exist (in {os.getcwd()}); give the "
+                "path of the training script")
+    return None
+
+
+def python_script(command: Sequence[str]) -> Optional[str]:
+    """The script that ``command`` runs when it is ``python [OPTIONS] SCRIPT ...``; None
+    for another program, ``-m``, ``-c``, stdin, or options not understood here."""
+    if not _PYTHON.fullmatch(os.path.basename(command[0])):
+        return None
+    arguments = iter(command[1:])
+    for argument in arguments:
+        if argument in ("-W", "-X"):           # options that take the next word
+            next(arguments, None)
+        elif argument == "--":
+            return next(arguments, None)
+        elif argument.startswith(("-W", "-X")):
+            continue
+        elif argument.startswith("--") or argument == "-":
+            return None                        # --version, stdin: no script to check
+        elif argument.startswith("-"):
+            if "c" in argument or "m" in argument:
+                return None                    # -c CODE, -m MODULE (alone or with flags)
+        else:
+            return argument
+    return None

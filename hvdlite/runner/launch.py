@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 
 from hvdlite.errors import ConfigError
 from hvdlite.runner import elastic, gloo
-from hvdlite.runner.inputs import check_hostfile, check_number, check_ranks, parse_host_list
+from hvdlite.runner.inputs import (check_hostfile, check_number, check_ranks, parse_host_list,
+                                   program_problem)
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags,
                                      hosts_argument, library)
 from hvdlite.runner.supervise import Supervisor
@@ -145,6 +146,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gloo.check(args)
     except ConfigError as exc:
         p.error(str(exc))
+    problem = None if args.dry_run or not _ranks_here(args) else program_problem(args.command)
+    if problem:
+        # As a shell says a command is not found: one line, 127, before any rank starts.
+        sys.stderr.write(f"hvdliterun: error: {problem}\n")
+        return 127
     if args.gloo:
         return gloo.launch(args.np, args.command, knob_variables(args), args.dry_run)
     elastic.check_arguments(p, args)
@@ -155,6 +161,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(" ".join(_quote(part) for part in command))
         return 0
     return Supervisor().run(command)
+
+
+def _ranks_here(args: argparse.Namespace) -> bool:
+    """Whether every rank runs on this machine, where its program can be looked for."""
+    return not (args.hosts or args.hostfile or args.host_discovery_script)
 
 
 def _quote(part: str) -> str:

@@ -116,3 +116,27 @@ def test_the_exit_code_is_the_failed_ranks(transport: str, np: int, tmp_path: Pa
     assert done.returncode == 3, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("command,named", [
+    (["no-such-program-here", "--epochs", "1"], "the program 'no-such-program-here' is not on PATH"),
+    (["./no-such-program"], "the program ./no-such-program is not an executable file"),
+    ([sys.executable, "-u", "no_such_script.py"], "script no_such_script.py does not exist")],
+    ids=["on PATH", "a path", "python's script"])
+@pytest.mark.parametrize("transport", ["mpi", pytest.param("gloo", marks=NO_TORCH)])
+def test_a_program_that_does_not_exist_is_one_line_and_127_before_any_rank_starts(
+        transport: str, command: list[str], named: str, tmp_path: Path) -> None:
+    done = subprocess.run(_hvdliterun(transport, 2, *command), cwd=ROOT,
+                          env=_environment(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 127, done.stdout + done.stderr
+    assert done.stderr.startswith("hvdliterun: error: ") and named in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == "", done.stdout + done.stderr
+
+
+def test_a_gloo_rank_that_cannot_start_its_program_says_so_in_one_line() -> None:
+    """What a rank says where the program went missing after hvdliterun looked for it."""
+    done = subprocess.run([sys.executable, "-m", "hvdlite.runner.gloo", "no-such-program-here"],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), RANK="1"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 127, done.stderr
+    assert done.stderr == ("hvdliterun --gloo: rank 1 could not start no-such-program-here: "
+                           "No such file or directory\n"), done.stderr

@@ -49,7 +49,7 @@ def test_a_launcher_that_ignores_sigterm_is_killed_after_the_grace_period(
     env = dict(os.environ, PYTHONPATH=str(ROOT), STUBBORN_PIDS=str(pid_file),
                TMPDIR=str(tmp_path), HVDLITE_ELASTIC_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen([sys.executable, "-m", "hvdlite.run", "-np", "2", *mode,
-                             "--mpiexec", str(_stand_in(tmp_path)), "python", "train.py"],
+                             "--mpiexec", str(_stand_in(tmp_path)), "true"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     pids: list[int] = []

@@ -188,6 +188,19 @@ def test_horovods_variables_come_from_torchruns() -> None:
         "HOROVOD_LOCAL_SIZE": "4", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
 
 
+@pytest.mark.parametrize("command,script", [
+    (["python", "train.py", "--epochs", "2"], "train.py"),
+    (["/usr/bin/python3.12", "-u", "-W", "ignore", "-X", "dev", "t.py"], "t.py"),
+    (["python3", "-OB", "-Wignore", "--", "-odd.py"], "-odd.py"),
+    (["python", "-m", "pkg.train"], None), (["python", "-um", "pkg.train"], None),
+    (["python", "-c", "pass"], None), (["python", "-"], None), (["python", "--version"], None),
+    (["python"], None), (["pythonic", "train.py"], None), (["./train.sh", "x.py"], None)])
+def test_the_script_of_a_python_command_is_found_as_python_would(
+        command: list[str], script: str | None) -> None:
+    from hvdlite.runner.inputs import python_script
+    assert python_script(command) == script
+
+
 def test_torchruns_failure_gives_the_first_failed_ranks_exit_code() -> None:
     from types import SimpleNamespace
     from hvdlite.runner.torchrun import exit_code
