@@ -10,6 +10,8 @@ does: keep the script's own work under ``if __name__ == "__main__":``).
 Lambdas and nested functions are refused. The arguments and the results are
 pickled, so they must be picklable.
 
+A caller killed while the job runs takes the job with it (runner/watchdog.py).
+
 ``python -m hvdlite.runner.function DIR`` is the rank side.
 """
 from __future__ import annotations
@@ -51,11 +53,29 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
         command = _command(count, hosts, hostfile, mpiexec, executable or sys.executable, folder)
         child_env = dict(os.environ if env is None else env)
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
-        code = subprocess.call(command, env=child_env)
+        code = _launch(command, child_env, folder)
         if code != 0:
             raise HvdliteError(f"hvdlite.run: the job of {count} ranks failed with exit code "
                                f"{code}; its output above shows why")
         return [_result(Path(folder), rank) for rank in range(count)]
+
+
+def _launch(command: list[str], env: dict[str, str], folder: str) -> int:
+    """Run the job to its end; its exit code. A watchdog ends it and removes ``folder``
+    should this process be killed first (hvdlite/runner/watchdog.py)."""
+    from hvdlite.runner.watchdog import Watchdog
+    watchdog = Watchdog()
+    try:
+        watchdog.watch_folder(folder)
+        with subprocess.Popen(command, env=watchdog.environment(env)) as child:
+            watchdog.watch_process(child.pid)
+            try:
+                return child.wait()
+            except BaseException:            # ^C: the job goes with its caller
+                child.kill()
+                raise
+    finally:
+        watchdog.release()
 
 
 def _reference(func: Callable[..., Any]) -> tuple[str, str, Optional[str]]:

@@ -107,6 +107,41 @@ def test_a_sigkilled_hvdliterun_takes_its_ranks_and_scratch_folder_with_it(
                 os.kill(pid, signal.SIGKILL)
 
 
+def block_rank(folder: str) -> None:
+    """A rank of hvdlite.run's job: says it started, then waits for ever."""
+    open(os.path.join(folder, f"pid.{os.getpid()}"), "w").close()
+    while True:
+        signal.pause()
+
+
+def test_a_sigkilled_caller_of_hvdlite_run_takes_its_ranks_and_folder_with_it(
+        tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    env = _environment(tmp_path)
+    caller = ("import sys, hvdlite\n"
+              "from tests.integration.test_launcher_end import block_rank\n"
+              "hvdlite.run(block_rank, args=(sys.argv[1],), np=2)\n")
+    proc = subprocess.Popen([sys.executable, "-c", caller, str(ranks)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        ranks_pids = _started(ranks, 2, proc)
+        pids = sorted(set(process_tree(proc.pid)[1:] + ranks_pids))
+        proc.kill()
+        proc.wait()
+        assert _gone(pids, timeout=30) == [], "processes outlived hvdlite.run's caller"
+        _, err = proc.communicate(timeout=30)
+        assert "its watchdog killed the job's" in err, err
+        assert list(Path(env["TMPDIR"]).iterdir()) == [], err    # hvdlite-run-* is gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("transport,np", CASES)
 def test_the_exit_code_is_the_failed_ranks(transport: str, np: int, tmp_path: Path) -> None:
     which = "every" if transport == "mpi" else "last"
