@@ -14,6 +14,9 @@ rank leaves:
 hvdlite's own shared memory under torchrun (core/node_memory.py) has no name, so it
 leaves nothing to sweep.
 
+And a launcher killed itself (SIGKILL) leaves the folder it keeps while it runs: Open
+MPI's prterun, TMPDIR/ompi.PID (its PMIx rendezvous files and hwloc's shared topology).
+
 The test suite's crash tests end about a hundred jobs that way a run: this machine's
 /dev/shm held 1,184 such segments, 2.3 GB, after a day of test runs. Where /dev/shm is
 small (a container's default is 64 MiB), a few dozen failed jobs fill it, and then every
@@ -25,8 +28,10 @@ sticky /dev/shm refuses it, and the error is ignored).
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 PLACES: Mapping[Path, Sequence[str]] = {
     Path("/tmp"): ("hydra_hwloc_xmlfile_*",),
@@ -72,3 +77,18 @@ def sweep(before: set[Path], places: Mapping[Path, Sequence[str]] = PLACES,
         except OSError:          # another user's, in the sticky /tmp or /dev/shm
             pass
     return removed
+
+
+def launcher_folders(launcher: int, tmpdir: Optional[str] = None) -> list[Path]:
+    """The folders that the launcher process ``launcher`` kept in ``tmpdir`` (TMPDIR) and
+    left there; remove them only once it is gone."""
+    folder = Path(tmpdir or tempfile.gettempdir()) / f"ompi.{launcher}"
+    return [folder] if folder.is_dir() else []
+
+
+def remove_launcher_folders(launcher: int) -> list[Path]:
+    """Remove what launcher_folders finds for ``launcher``, which has ended; those removed."""
+    found = launcher_folders(launcher)
+    for folder in found:
+        shutil.rmtree(folder, ignore_errors=True)
+    return found

@@ -7,9 +7,10 @@ launcher can ignore them: MPICH's mpiexec stuck before starting any rank spins t
 SIGTERM for ever. So after SIGINT or SIGTERM it has GRACE_SECONDS to end; then it is
 killed (SIGKILL) with every process under it on this machine, whose ranks and proxies
 would otherwise outlive it. After a launcher that failed, the files its MPI left on this
-machine (a shared-memory segment in /dev/shm, hydra's /tmp file) are removed
-(runner/leftovers.py). Should hvdliterun itself be killed (SIGKILL: no handler runs), a
-watchdog process ends the job and removes its scratch folders (runner/watchdog.py).
+machine (a shared-memory segment in /dev/shm, hydra's /tmp file, the folder in TMPDIR
+of an Open MPI mpirun that was killed) are removed (runner/leftovers.py). Should
+hvdliterun itself be killed (SIGKILL: no handler runs), a watchdog process ends the
+job and removes its scratch folders (runner/watchdog.py).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Supervisor:
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         before = leftovers.present()
         code = 127
+        launched: Optional[int] = None
         watchdog = Watchdog()
         try:
             for folder in scratch:
@@ -64,7 +66,8 @@ class Supervisor:
                 _say(f"hvdliterun: the launcher {command[0]} could not be started ({exc}); "
                      "check --mpiexec and the arguments")
                 return 127
-            watchdog.watch_process(self._child.pid)
+            launched = self._child.pid
+            watchdog.watch_process(launched)
             for signum in self._pending:    # came before the launcher existed
                 self._forward(signum, None)
             reader = None
@@ -84,6 +87,8 @@ class Supervisor:
                 signal.signal(s, handler)
             if code != 0:
                 leftovers.sweep(before)
+                if launched is not None:
+                    leftovers.remove_launcher_folders(launched)
             watchdog.release()
 
     def _forward(self, signum: int, frame: object) -> None:

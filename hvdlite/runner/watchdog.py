@@ -20,7 +20,8 @@ cleared its environment is still found:
 - every process under the launcher's pid,
 
 both read before any is killed. It then removes the scratch folders and the MPI files
-the killed job left (runner/leftovers.py), and says what it did on hvdliterun's stderr.
+and folders the killed job left (runner/leftovers.py), and says what it did on
+hvdliterun's stderr.
 
 Run as a script under ``python -I -S``: standard library only, quick to start, small
 while it waits.
@@ -215,6 +216,8 @@ def watch(token: str, orders: IO[str]) -> int:
             folders.append(value)
     killed = end_job(token, roots)
     leftovers.sweep(before)
+    for root in roots:
+        leftovers.remove_launcher_folders(root)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     removed = f"; removed {', '.join(folders)}" if folders else ""

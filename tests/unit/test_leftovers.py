@@ -67,3 +67,10 @@ def test_nothing_new_reads_no_maps(tmp_path: Path) -> None:
     before = leftovers.present(places)
     assert leftovers.sweep(before, places, tmp_path / "no-such-proc") == []
 
+
+
+def test_a_killed_open_mpi_launchers_folder_is_found_by_its_pid(tmp_path: Path) -> None:
+    (tmp_path / "ompi.4242" / "0").mkdir(parents=True)
+    (tmp_path / "ompi.4243").mkdir()
+    assert leftovers.launcher_folders(4242, str(tmp_path)) == [tmp_path / "ompi.4242"]
+    assert leftovers.launcher_folders(7, str(tmp_path)) == []
