@@ -60,7 +60,8 @@ class Watchdog:
         read, write = os.pipe()              # neither end is inherited by the launcher
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), self.token],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), self.token,
+                 str(os.getpid())],
                 stdin=read, stdout=subprocess.DEVNULL, close_fds=True,
                 start_new_session=True,
                 env={k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE})
@@ -200,8 +201,9 @@ def _leftovers():
     return module
 
 
-def watch(token: str, orders: IO[str]) -> int:
-    """Read ``orders`` to its end; if it ends without ``release``, end the job."""
+def watch(token: str, orders: IO[str], launcher: int) -> int:
+    """Read ``orders`` to its end; if it ends without ``release``, end the job that the
+    process ``launcher`` (hvdliterun, or a caller of hvdlite.run) started."""
     leftovers = _leftovers()
     before = leftovers.present()
     roots: list[int] = []
@@ -221,11 +223,12 @@ def watch(token: str, orders: IO[str]) -> int:
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     removed = f"; removed {', '.join(folders)}" if folders else ""
-    _say(f"hvdliterun died before its job ended; its watchdog killed the job's "
-         f"{len(killed)} process(es) on this machine (SIGKILL){removed}")
+    _say(f"hvdlite: the process that launched this job (pid {launcher}) died before the "
+         f"job ended; its watchdog killed the job's {len(killed)} process(es) on this "
+         f"machine (SIGKILL){removed}")
     return 0
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # only the pipe's end ends the watch
-    sys.exit(watch(sys.argv[1], sys.stdin))
+    sys.exit(watch(sys.argv[1], sys.stdin, int(sys.argv[2])))

@@ -97,7 +97,8 @@ def test_a_sigkilled_hvdliterun_takes_its_ranks_and_scratch_folder_with_it(
         assert _gone(pids, timeout=30) == [], "processes outlived their SIGKILLed hvdliterun"
         # The watchdog writes its last words on hvdliterun's stderr, then closes it.
         _, err = proc.communicate(timeout=30)
-        assert "its watchdog killed the job's" in err, err
+        assert (f"the process that launched this job (pid {proc.pid}) died before the job "
+                "ended; its watchdog killed the job's") in err, err
         assert list(Path(env["TMPDIR"]).iterdir()) == [], err
     finally:
         if proc.poll() is None:
@@ -132,7 +133,8 @@ def test_a_sigkilled_caller_of_hvdlite_run_takes_its_ranks_and_folder_with_it(
         proc.wait()
         assert _gone(pids, timeout=30) == [], "processes outlived hvdlite.run's caller"
         _, err = proc.communicate(timeout=30)
-        assert "its watchdog killed the job's" in err, err
+        assert (f"the process that launched this job (pid {proc.pid}) died before the job "
+                "ended; its watchdog killed the job's") in err, err
         assert list(Path(env["TMPDIR"]).iterdir()) == [], err    # hvdlite-run-* is gone
     finally:
         if proc.poll() is None:
