@@ -207,3 +207,18 @@ def test_torchruns_failure_gives_the_first_failed_ranks_exit_code() -> None:
     for code, job in [(3, 3), (-9, 137), (-15, 143)]:
         failure = SimpleNamespace(exitcode=code)
         assert exit_code(SimpleNamespace(get_first_failure=lambda: (1, failure))) == job
+
+
+def test_torchrun_stopped_by_a_signal_exits_as_a_shell_says_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch.distributed")
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from hvdlite.runner import torchrun
+
+    def stopped(argv: list[str]) -> None:
+        raise SignalException("Process 7 got signal: 2", sigval=signal.SIGINT)
+    monkeypatch.setattr(torch.distributed.run, "main", stopped)
+    assert torchrun.main(["--standalone", "x"]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err == ("torchrun: Process 7 got signal: 2; its workers were "
+                                       "stopped\n")
