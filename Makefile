@@ -90,15 +90,18 @@ JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
 # (in the runs above test_keras_torch*.py skip themselves; test_keras_momentum.py runs on both).
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
 	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py \
-	tests/mpi/test_deadlock_keras.py tests/mpi/test_keras_values.py
+	tests/mpi/test_deadlock_keras.py tests/mpi/test_keras_values.py \
+	tests/mpi/test_keras_mixed_precision.py
 
 # These Keras files at -n 2 only: at -n 4 four ranks each trace TensorFlow's graphs on two
 # cores, and these files alone took 126 s of the -n 4 run's 439 s in a clean clone here
 # (2026-11-27). What more ranks change there (shards, the exchange) Keras's training
 # comparisons with one process (test_keras_fit.py, test_tf_tape.py) still check at -n 4,
-# and the callbacks, buckets and momentum files run at -n 4 on Keras's torch backend below.
+# and the callbacks, buckets, momentum and mixed precision files run at -n 4 on Keras's
+# torch backend below.
 NP2_ONLY_TESTS := $(addprefix tests/mpi/,test_keras_optimizer.py test_keras_elastic.py \
-	test_keras_callbacks.py test_keras_buckets.py test_keras_momentum.py test_autotune_keras.py)
+	test_keras_callbacks.py test_keras_buckets.py test_keras_momentum.py test_autotune_keras.py \
+	test_keras_mixed_precision.py)
 
 # The GPU backends' multi-rank code (NCCL groups, offsets, roots; the staged path) on the
 # CPU stand-in for CuPy and NCCL (tests/standin): a process of its own per run, because

@@ -12,6 +12,10 @@ variables and reduces and applies them on every k-th call (``ops.cond``, so it
 also works inside the compiled train step); ``optimizer.iterations`` counts
 applied updates, as in Horovod.
 
+Keras' LossScaleOptimizer around it (mixed precision) averages before it checks
+the gradients for overflow, so that every rank skips the same steps: see
+``loss_scale``, which calls ``_hvdlite_step`` with its own check-then-apply.
+
 Collectives run as ``tf.py_function`` inside the train step, which XLA cannot
 compile, so a model compiled with ``jit_compile=True`` (or "auto" resolving to
 True, on a GPU) runs its train step without XLA when its optimizer is
@@ -30,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 from keras.src.trainers.trainer import Trainer
@@ -43,6 +47,7 @@ from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.errors import HvdliteTypeError, NotSupportedError, UsageError
 from hvdlite.reducer.settings import Groups, Settings as ReducerSettings
+from hvdlite._keras import loss_scale
 from hvdlite._keras.layers import local_layer_variables
 
 _log = logging.getLogger("hvdlite")
@@ -136,13 +141,22 @@ class _Distributed:
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
+        if self.__dict__.get("_hvdlite_averaged"):   # by the LossScaleOptimizer around it
+            return super().apply(grads, variables)
+        return self._hvdlite_step(grads, variables, super().apply)
+
+    def _hvdlite_step(self, grads: list[Any], variables: list[Any],
+                      apply_averaged: Callable[[list[Any], list[Any]], Any]) -> Any:
+        """Average ``grads`` (or accumulate them, averaging on every k-th call) and
+        give the result to ``apply_averaged(grads, variables)``."""
         if self._hvdlite.passes == 1:
             reduced = self._hvdlite_reduce(grads, variables)
             self._hvdlite_support.mark_step(reduced)
-            return super().apply(reduced, variables)
-        return self._hvdlite_accumulate(grads, variables)
+            return apply_averaged(reduced, variables)
+        return self._hvdlite_accumulate(grads, variables, apply_averaged)
 
-    def _hvdlite_accumulate(self, grads: list[Any], variables: list[Any]) -> None:
+    def _hvdlite_accumulate(self, grads: list[Any], variables: list[Any],
+                            apply_averaged: Callable[[list[Any], list[Any]], Any]) -> None:
         settings = self._hvdlite
         accumulators = [self._hvdlite_accumulators[self._get_variable_index(v)]
                         for v in variables]
@@ -153,13 +167,12 @@ class _Distributed:
         # Divide by k (exact in any float type); a Python scale 1/k would be cast to
         # floatx first and round in float32.
         divisor = float(settings.passes) if settings.average_aggregated else 1.0
-        plain_apply = super().apply
 
         def update() -> None:
             total = [keras.ops.divide(a.value, divisor) for a in accumulators]
             reduced = self._hvdlite_reduce(total, variables)
             self._hvdlite_support.mark_step(reduced)
-            plain_apply(reduced, variables)
+            apply_averaged(reduced, variables)
             for accumulator in accumulators:
                 accumulator.assign(keras.ops.zeros_like(accumulator.value))
 
@@ -317,3 +330,4 @@ def _jit_compile(model: Any) -> Any:
 
 
 Trainer.jit_compile = property(_jit_compile, _plain_jit_compile.fset)
+loss_scale.average_first(_Distributed)
