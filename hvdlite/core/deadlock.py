@@ -134,8 +134,10 @@ def describe(pending: Sequence[Pending], sets: dict[int, tuple[int, ...]],
             "same number of batches: steps_per_epoch computed from the smallest shard "
             "(Keras fit), hvdlite.torch.elastic.ElasticSampler, or hvd.join() on a rank "
             "whose data has run out (the others' allreduces then complete without it). "
-            "Otherwise a collective is called on some ranks only, or under names that "
-            "differ between ranks.")
+            "Otherwise a collective is called on some ranks only: under a condition that "
+            "holds on some ranks and not others (a step skipped where the rank's own "
+            "gradients are not finite, checked before they are averaged, leaves its "
+            "allreduce to the others), or under names that differ between ranks.")
 
 
 def _tensor(set_id: int, name: str, kind: str, sets: dict[int, tuple[int, ...]],

@@ -138,6 +138,11 @@ def test_the_message_names_what_each_rank_waits_on_and_who_is_missing() -> None:
             "of batches") in message
     for hint in ("steps_per_epoch", "ElasticSampler", "hvd.join()"):
         assert hint in message
+    # The same picture when a rank skipped a step's collectives under a condition of
+    # its own: named as the other likely cause.
+    assert ("a collective is called on some ranks only: under a condition that holds on "
+            "some ranks and not others (a step skipped where the rank's own gradients are "
+            "not finite, checked before they are averaged") in message
 
 
 def test_a_rank_in_join_is_named_so_and_not_missing_from_allreduces() -> None:
