@@ -26,6 +26,7 @@ averages before the loss scale optimizer sees the gradients.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator, Optional, Sequence
 
 import keras
@@ -37,6 +38,7 @@ _plain_apply = LossScaleOptimizer.apply
 def average_first(distributed: type) -> None:
     """Make a LossScaleOptimizer that wraps an instance of ``distributed`` (the
     DistributedOptimizer mixin) average before it checks; any other is left as is."""
+    @functools.wraps(_plain_apply)
     def apply(self: Any, grads: Sequence[Any],
               trainable_variables: Optional[Sequence[Any]] = None) -> Any:
         inner = self.inner_optimizer
@@ -45,12 +47,13 @@ def average_first(distributed: type) -> None:
         entered = inner._hvdlite_support.entry_point(_averaged_then_checked)
         return entered(self, list(grads), trainable_variables)
 
-    apply.__doc__ = _plain_apply.__doc__
     LossScaleOptimizer.apply = apply
 
 
 def _averaged_then_checked(scaler: Any, grads: list[Any],
                            trainable_variables: Optional[Sequence[Any]]) -> Any:
+    """``scaler.apply``: average (or accumulate) through the inner optimizer's step,
+    then Keras' own check, skip or unscale-and-apply on the averaged gradients."""
     if not scaler.built:
         with keras.name_scope(scaler.name, caller=scaler):
             scaler.build(trainable_variables)
