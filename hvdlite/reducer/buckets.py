@@ -17,6 +17,14 @@ engine's response cache with one bit, so a step costs one submission per bucket;
 with compression, a compressed copy of the bucket travels instead. A gradient
 reduced elsewhere (a sparse one, by allgather) is evicted from its bucket, which
 is then reduced in the pieces around it.
+
+Which gradients exist travels with them: each bucket ends in one flag per
+gradient, 1 where this rank has the gradient and 0 where it has none (a
+parameter its loss did not reach), reduced with the data. A flag that comes back
+0 says no rank had that gradient: the binding leaves it missing (torch: ``.grad``
+stays None), so the optimizer skips the parameter as it would in one process,
+where a zero would move it (momentum, Adam). A flag that comes back nonzero says
+some rank had it: the average counts this rank's missing gradient as zeros.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 from hvdlite.api import collectives, runtime, submission
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.prepared import PreparedAllreduce
-from hvdlite.api.variable_check import check_same_variables
+from hvdlite.api.variable_check import agree_variables
 from hvdlite.core.requests import Kind, to_dtype
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer import layout
@@ -53,9 +61,15 @@ class Bucket:
         self.offsets = [sum(counts[:slot]) for slot in range(len(counts))]
         self.counts = counts
         dtype, device = specs[members[0]][2:]
-        self.flat = None if buffers is None else buffers.flat_buffer(dtype, device, sum(counts))
+        total = sum(counts)
+        # The gradients, then one flag per gradient (see the module's docstring).
+        self.flat = (None if buffers is None
+                     else buffers.flat_buffer(dtype, device, total + len(members)))
         self.views = [None if buffers is None else buffers.view(self.flat, offset, shape)
                       for offset, shape in zip(self.offsets, self.shapes)]
+        self.grads = None if buffers is None else self.flat[:total]
+        self.flags = None if buffers is None else self.flat[total:]
+        self.absent: list[int] = []          # slots without a gradient on this rank this step
         self.evicted: set[int] = set()       # slots reduced elsewhere
         self._pieces: Optional[list[list[Any]]] = None   # [name, flat piece, prepared]
         self.waiting = len(members)          # gradients not ready yet this step
@@ -69,9 +83,11 @@ class Bucket:
                 self._pieces = [[self.name, self.flat, None]]
             else:
                 runs: list[list[int]] = []
-                for slot, (offset, count) in enumerate(zip(self.offsets, self.counts)):
-                    if slot in self.evicted:
-                        continue
+                spans = [(offset, count) for slot, (offset, count)
+                         in enumerate(zip(self.offsets, self.counts)) if slot not in self.evicted]
+                if spans:         # the flags, unless every gradient is reduced elsewhere
+                    spans.append((sum(self.counts), len(self.members)))
+                for offset, count in spans:
                     if runs and runs[-1][1] == offset:
                         runs[-1][1] = offset + count
                     else:
@@ -90,9 +106,16 @@ class Reducer:
     """Every bucket of one optimizer (or one list of variables), and each step's state."""
 
     def __init__(self, adapter: TensorAdapter, specs: Sequence[Spec], settings: Settings,
-                 position_of: Callable[[Any], Optional[int]] = lambda member: member) -> None:
+                 position_of: Callable[[Any], Optional[int]] = lambda member: member,
+                 trainable: Optional[Sequence[bool]] = None,
+                 present: Optional[Sequence[bool]] = None) -> None:
         """``specs``: one per parameter, in registration order; ``position_of``: the
-        position of a ``groups=`` member (a parameter), None for one not here."""
+        position of a ``groups=`` member (a parameter), None for one not here;
+        ``trainable``: which parameters are reduced (default: all). The others get no
+        bucket, but the ranks agree on them too: a parameter trainable on some ranks
+        only is a MismatchError on every rank, naming it. ``present``: which have a
+        gradient on this rank in every call (a traced graph's are fixed when traced);
+        one that no rank has gets no bucket either, and is listed in ``never``."""
         self.settings, self._adapter = settings, adapter
         self.names = [spec[0] for spec in specs]
         self._dtypes = [spec[2] for spec in specs]
@@ -102,14 +125,21 @@ class Reducer:
             # (Keras numbers a model's layers per process: a model loaded on rank 0 has
             # dense_2 where a fresh one has dense). The exchange blocks the calling thread,
             # so two optimizers' exchanges never overlap under the same name.
-            agreed = check_same_variables([spec[:3] for spec in specs], settings.what,
-                                          settings.process_set, name=f"{settings.what}.layout")
+            compared = [spec[:3] if trainable is None else (*spec[:3], trainable[i])
+                        for i, spec in enumerate(specs)]
+            agreed, anywhere = agree_variables(compared, settings.what, settings.process_set,
+                                               f"{settings.what}.layout", present)
             # Requests are named by the set's first rank's names, alike on every rank.
             specs = [(name, *spec[1:]) for name, spec in zip(agreed, specs)]
+        else:
+            anywhere = [True] * len(specs) if present is None else list(present)
+        self.never = {i for i in range(len(specs)) if not anywhere[i]}
+        reduced = [i for i in range(len(specs)) if (trainable is None or trainable[i])
+                   and i not in self.never]
         nbytes = [math.prod(shape) * to_dtype(dtype).itemsize for _, shape, dtype, _ in specs]
-        groups = layout.group_positions(len(specs), settings.groups, position_of)
+        groups = layout.group_positions(len(specs), settings.groups, position_of, reduced)
         plan = layout.plan(nbytes, [spec[2:] for spec in specs], runtime.config().bucket_bytes,
-                           groups)
+                           groups, reduced)
         buffers = None if self.alone else adapter.buffers
         self.buckets = [Bucket(i, members, specs, settings.what, buffers)
                         for i, members in enumerate(plan)]
@@ -117,6 +147,8 @@ class Reducer:
                         for slot, position in enumerate(bucket.members)}
         self._passes = [0] * len(specs)
         self._started: list[Bucket] = []
+        # The positions no rank had a gradient for, in the step last waited for.
+        self.unused: set[int] = set()
         if not self.alone:
             # The exchange may have made the engine's host fusion buffer; buckets never
             # pack into it, and resident it put the bucketed transformer's peak memory
@@ -124,6 +156,10 @@ class Reducer:
             runtime.release_host_fusion_buffer()
 
     # -- a framework that hands gradients over one by one (torch's hooks) ----------------------
+    def holds(self, position: int) -> bool:
+        """Whether the parameter has a bucket (it is trainable)."""
+        return position in self.slot_of
+
     def view(self, position: int) -> Any:
         """The parameter's gradient in its bucket (None on a set of one rank)."""
         bucket, slot = self.slot_of[position]
@@ -161,6 +197,14 @@ class Reducer:
         return [position for bucket in self.buckets if bucket.inflight is None
                 for position in bucket.members if self._passes[position] < self.settings.passes]
 
+    def absent(self, position: int) -> None:
+        """This rank has no gradient for ``position`` this step: it takes part as zeros,
+        and ``unused`` tells after ``wait`` whether any rank had one."""
+        bucket, slot = self.slot_of[position]
+        if bucket.views[slot] is not None:
+            bucket.views[slot][...] = 0
+        bucket.absent.append(slot)
+
     def start_the_rest(self) -> None:
         for bucket in self.buckets:
             if bucket.inflight is None:
@@ -194,19 +238,28 @@ class Reducer:
                 bucket.flat[...] = 0
 
     # -- a framework that hands every gradient over at once (TensorFlow, Keras) ---------------
-    def reduce(self, tensors: Sequence[Any]) -> list[Any]:
+    def reduce(self, tensors: Sequence[Any], absent: Sequence[int] = ()) -> list[Any]:
         """The tensors (one per spec, in order) averaged across ranks: packed into the
         buckets (one copy), reduced in place, unpacked (TensorFlow: one copy; torch:
-        views of the buckets, valid until the next call)."""
+        views of the buckets, valid until the next call). ``absent``: the positions
+        this rank has no gradient for (their tensors are zeros); ``unused`` then says
+        which no rank had."""
         reduced = list(tensors)
+        if absent:
+            missing = set(absent)
+            for bucket in self.buckets:
+                bucket.absent = [slot for slot, position in enumerate(bucket.members)
+                                 if position in missing]
         if self.alone:
             for bucket in self.buckets:
                 self._start(bucket)
             self._started.clear()
+            self.unused = set(absent)
+            self.reset()
             return reduced
         with submission.together(self.settings.what):
             for bucket in self.buckets:
-                self._adapter.pack([tensors[i] for i in bucket.members], bucket.flat)
+                self._adapter.pack([tensors[i] for i in bucket.members], bucket.grads)
                 self._start(bucket)
         errors = self.wait()
         if errors:
@@ -221,6 +274,10 @@ class Reducer:
     def _start(self, bucket: Bucket) -> None:
         bucket.inflight = []
         self._started.append(bucket)
+        if bucket.flags is not None:
+            bucket.flags[...] = 1
+            for slot in bucket.absent:
+                bucket.flags[slot] = 0
         if self.alone:      # nothing to send; HVDLITE_REPORT learns what P ranks would
             recorder = runtime.RUNTIME.recorder
             if recorder is not None:
@@ -250,6 +307,7 @@ class Reducer:
         start: nothing is left pending that no step would collect."""
         errors: list[HvdliteError] = []
         compression, buffers = self.settings.compression, self._adapter.buffers
+        self.unused = set()
         try:
             for bucket in self._started:
                 for handle, flat, wire, context in bucket.inflight or ():
@@ -261,12 +319,26 @@ class Reducer:
                             buffers.pack([compression.decompress(wire, context)], flat)
                     except HvdliteError as error:
                         errors.append(error)
+            if not errors:
+                self.unused = self._unused_everywhere()
         finally:
             self.reset()
         return errors
 
+    def _unused_everywhere(self) -> set[int]:
+        """Of the gradients this rank lacked, those no rank had (their flags summed to
+        0). Only a rank that lacked some reads its flags (from the device, if there)."""
+        unused: set[int] = set()
+        for bucket in self._started:
+            for slot in bucket.absent:
+                if bucket.flags is None or float(bucket.flags[slot]) == 0:
+                    unused.add(bucket.members[slot])
+        return unused
+
     def reset(self) -> None:
         for bucket in self.buckets:
             bucket.waiting, bucket.inflight = len(bucket.members), None
+            if bucket.absent:
+                bucket.absent = []
         self._started = []
         self._passes = [0] * len(self._passes)

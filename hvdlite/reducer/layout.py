@@ -23,25 +23,33 @@ FIRST_BUCKET_BYTES = 1 << 20     # DDP's: "experiments showed 1MB is a reasonabl
 
 
 def group_positions(count: int, groups: Groups,
-                    position_of: Callable[[Any], Optional[int]]) -> list[list[int]]:
+                    position_of: Callable[[Any], Optional[int]],
+                    among: Optional[Sequence[int]] = None) -> list[list[int]]:
     """``groups=`` as lists of parameter positions: ``n`` groups of consecutive
     parameters, or the given lists of parameters (``position_of`` finds each; one
-    it does not find, None, is not reduced here and is left out)."""
+    it does not find, None, is not reduced here and is left out). ``among``: the
+    positions reduced (default: all ``count``); the others are in no group."""
     if groups is None:
         return []
+    positions = list(range(count)) if among is None else list(among)
     if isinstance(groups, int):
-        size = max(1, -(-count // groups))
-        return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
-    found = [[p for p in map(position_of, group) if p is not None] for group in groups]
+        size = max(1, -(-len(positions) // groups))
+        return [positions[start:start + size] for start in range(0, len(positions), size)]
+    kept = set(positions)
+    found = [[p for p in map(position_of, group) if p is not None and p in kept]
+             for group in groups]
     return [group for group in found if group]
 
 
 def plan(nbytes: Sequence[int], kinds: Sequence[Hashable], cap: int,
-         groups: Sequence[Sequence[int]] = ()) -> list[list[int]]:
-    """The buckets, as lists of parameter positions: each group's, then the rest."""
+         groups: Sequence[Sequence[int]] = (),
+         among: Optional[Sequence[int]] = None) -> list[list[int]]:
+    """The buckets, as lists of parameter positions: each group's, then the rest.
+    ``among``: the positions reduced (default: all); the others get no bucket."""
     grouped = {i for group in groups for i in group}
+    kept = set(range(len(nbytes)) if among is None else among)
     buckets = [b for group in groups for b in cut(nbytes, kinds, group, None)]
-    rest = [i for i in reversed(range(len(nbytes))) if i not in grouped]
+    rest = [i for i in reversed(range(len(nbytes))) if i not in grouped and i in kept]
     return buckets + cut(nbytes, kinds, rest, cap)
 
 

@@ -16,6 +16,11 @@ for each gradient, which the hook copies into its bucket, pointing ``.grad`` at
 the view again: one copy per gradient, as DDP's ``gradient_as_bucket_view`` pays
 after the same call. Sparse gradients leave their bucket for the allgather path.
 
+Each parameter of the optimizer's groups that requires a gradient has a bucket; a
+change of ``requires_grad`` (unfreezing a backbone), seen at a step's first gradient,
+lays them out again, agreed as the first layout. A gradient no rank had leaves
+``.grad`` as it was (None), so the optimizer skips it as one process would.
+
 It wraps the user's optimizer by composition inside one subclass of
 ``torch.optim.Optimizer`` (so LR schedulers accept it): ``param_groups``,
 ``state`` and ``defaults`` are the wrapped optimizer's own objects, so its
@@ -104,8 +109,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   process_set)
         self._sparse_as_dense = sparse_as_dense
         self._names = _parameter_names(optimizer, named_parameters)     # by id
-        self._params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self._position = {id(p): i for i, p in enumerate(self._params)}
+        self._requires_grad = self._requires_grad_now()   # what the layout was made for
+        self._layout_checked = False   # this step compared requires_grad with the layout
+        self._absent: list[int] = []   # positions without a gradient here this step
         self._reducer: Optional[Reducer] = None        # made when the first gradient arrives
         self._unagreed: Optional[HvdliteError] = None  # why it could not be: raised by step()
         self._sparse: set[int] = set()                 # positions whose gradients are sparse
@@ -117,8 +125,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A rank outside the process set keeps its own gradients, as Horovod's: no
         # hooks, nothing to wait for (the set's members reduce among themselves).
         self._outside = self._settings.outside()
-        self._hook_handles = [] if self._outside else [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
+        self._hook_handles: dict[int, Any] = {}        # by id: a hook on each trainable one
+        self._hook_trainable()
         if not self._outside:     # HVDLITE_AUTOTUNE may try other bucket sizes
             _autotune.follow("bucket_bytes", self._bucket_bytes_changed)
 
@@ -162,20 +170,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # -- gradient reduction --------------------------------------------------------------------
     def _agreed_reducer(self) -> Optional[Reducer]:
-        """The reducer, made on first use: its layout comes from the parameter list and
-        is agreed with the peers in one exchange, before any gradient is reduced. If
-        the ranks' parameters differ, every rank's next step() raises the
-        MismatchError, and the step after tries again (a caught error or an elastic
-        retry mends the model first)."""
+        """The reducer, made on first use and again after ``requires_grad`` changed: its
+        layout comes from the parameters and which require a gradient, agreed with the
+        peers in one exchange before any gradient is reduced. If the ranks' parameters
+        differ, every rank's next step() raises the MismatchError, and the step after
+        tries again (a caught error or an elastic retry mends the model first)."""
+        if not self._layout_checked:
+            self._layout_checked = True
+            self._follow_requires_grad()
         if self._reducer is None and self._unagreed is None and self._params:
             specs = [(self._names[id(p)], tuple(p.shape), TORCH.dtype_name(p), TORCH.device(p))
                      for p in self._params]
             try:
                 self._reducer = Reducer(TORCH, specs, self._settings,
-                                        lambda p: self._position.get(id(p)))
+                                        lambda p: self._position.get(id(p)),
+                                        trainable=self._requires_grad)
             except HvdliteError as error:
                 self._unagreed = error
+            else:       # sparse gradients stay out of the new buckets, on every rank
+                for position in self._sparse:
+                    if self._reducer.holds(position):
+                        self._reducer.evict(position)
         return self._reducer
+
+    def _requires_grad_now(self) -> tuple[bool, ...]:
+        return tuple(p.requires_grad for p in self._params)
+
+    def _follow_requires_grad(self) -> None:
+        """Frozen or unfrozen since the layout was made: lay the buckets out again."""
+        now = self._requires_grad_now()
+        if now != self._requires_grad:
+            self._requires_grad, self._reducer = now, None
+            self._hook_trainable()
+
+    def _hook_trainable(self) -> None:
+        """A hook on each parameter requiring a gradient (torch refuses one elsewhere)."""
+        if self._outside:
+            return
+        for param in self._params:
+            if param.requires_grad and id(param) not in self._hook_handles:
+                self._hook_handles[id(param)] = param.register_post_accumulate_grad_hook(
+                    self._on_grad_ready)
 
     def _bucket_bytes_changed(self, bucket_bytes: int) -> None:
         """Autotune changed HVDLITE_BUCKET_BYTES, on every rank at the same step boundary
@@ -188,6 +223,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if reducer is None:
             return
         position = self._position[id(param)]
+        if not reducer.holds(position):     # made trainable after this step's layout
+            return                          # (step() says so: _unlaid)
         grad = param.grad
         if position in self._sparse or (grad is not None and grad.is_sparse
                                         and not self._sparse_as_dense):
@@ -230,7 +267,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait until every gradient is averaged. Parameters without a gradient on
-        this rank take part with zeros, so ranks on other code paths still finish."""
+        this rank take part with zeros, so ranks on other code paths still finish;
+        one that no rank had a gradient for keeps ``.grad`` None."""
         recorder = _report.recorder()     # HVDLITE_REPORT: time blocked here
         started = recorder.optimizer_wait_begin() if recorder is not None else 0.0
         try:
@@ -245,6 +283,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._outside:
             self._synchronized = True
             return
+        try:
+            errors = self._reduce_all()
+        finally:
+            self._layout_checked, self._absent = False, []
+        if errors:
+            raise errors[0]
+        self._synchronized = True
+
+    def _reduce_all(self) -> list[HvdliteError]:
         reducer = self._agreed_reducer()
         errors = [] if self._unagreed is None else [self._unagreed]
         self._unagreed = None
@@ -255,6 +302,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(error)
         if reducer is not None:
             errors.extend(reducer.wait())
+            for position in self._absent:       # used on another rank: averaged with zeros
+                if position not in reducer.unused and reducer.view(position) is not None:
+                    self._params[position].grad = reducer.view(position)
+            errors.extend(self._unlaid(reducer))
         for param, handle in self._sparse_pending.values():
             try:
                 param.grad = handle.result()
@@ -264,17 +315,33 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for param in self._densified:       # reduced dense; the optimizer (SparseAdam)
             param.grad = param.grad.to_sparse()   # expects the gradient it produced
         self._densified.clear()
-        if errors:
-            raise errors[0]
-        self._synchronized = True
+        return errors
+
+    def _unlaid(self, reducer: Reducer) -> list[HvdliteError]:
+        """A parameter that began to require a gradient after this step's first one and
+        has one: it is not in the buckets, so it was not averaged (the next step lays it
+        out). Looked at once a step."""
+        now = self._requires_grad_now()
+        if now == self._requires_grad:
+            return []
+        unlaid = [self._names[id(p)] for i, (p, wants) in enumerate(zip(self._params, now))
+                  if wants and p.grad is not None and not reducer.holds(i)]
+        return [UsageError(
+            f"rank {_hvd.rank()}: {unlaid} began to require a gradient during a step (after "
+            "its first gradient), so their gradients were not averaged. Change "
+            "requires_grad between steps: after step(), before backward().")] if unlaid else []
 
     def _start_the_rest(self, reducer: Reducer) -> None:
         """The gradients this step has not completed (none on this rank, or fewer
-        passes) take part as they are, so every rank reduces every bucket."""
+        passes) take part as they are, a missing one as zeros, so every rank reduces
+        every bucket."""
         for position in reducer.unready():
             param = self._params[position]
             if position in self._sparse:
                 self._start_sparse(param)
+            elif param.grad is None:
+                reducer.absent(position)
+                self._absent.append(position)
             else:
                 self._into_view(reducer, param, position)
         reducer.start_the_rest()
@@ -335,10 +402,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         reducer.zero()
         for group in self._optimizer.param_groups:
             for param in group["params"]:
+                if param.grad is None:                # as torch: a missing one stays so
+                    continue
                 position = self._position.get(id(param))
-                if position is not None and position not in self._sparse:
+                if (position is not None and reducer.holds(position)
+                        and position not in self._sparse):
                     param.grad = reducer.view(position)
-                elif param.grad is not None:          # outside the buckets: sparse, frozen
+                else:                                 # outside the buckets: sparse, frozen
                     param.grad.detach_().zero_()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -346,16 +416,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         again, on every rank) when the next gradient arrives."""
         self._optimizer.add_param_group(param_group)
         added = [p for p in self._optimizer.param_groups[-1]["params"]
-                 if p.requires_grad and id(p) not in self._names]
+                 if id(p) not in self._position]
         for param in added:
-            self._names[id(param)] = f"noname.{len(self._names)}"
+            self._names.setdefault(id(param), f"noname.{len(self._names)}")
             self._position[id(param)] = len(self._params)
             self._params.append(param)
-            if not self._outside:
-                self._hook_handles.append(param.register_post_accumulate_grad_hook(
-                    self._on_grad_ready))
         if added:
-            self._reducer, self._sparse = None, set()
+            self._requires_grad, self._reducer = self._requires_grad_now(), None
+            self._hook_trainable()
 
 
 def _parameter_names(optimizer: torch.optim.Optimizer,

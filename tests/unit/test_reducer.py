@@ -158,12 +158,16 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Engine]:
     made.agreed = agreed      # type: ignore[attr-defined]
     made.first_rank_names = None   # type: ignore[attr-defined]
 
-    def check(specs: Any, what: str, process_set: Any, name: str) -> list[str]:
-        """The exchange's name, and the names on the set's first rank (default: ours)."""
+    def check(specs: Any, what: str, process_set: Any, name: str,
+              present: Any = None) -> tuple[list[str], list[bool]]:
+        """The exchange's name, and the names on the set's first rank (default: ours);
+        the peer has the same gradients as this rank."""
         agreed.append(name)
-        return made.first_rank_names or [spec[0] for spec in specs]   # type: ignore[attr-defined]
+        made.compared = specs      # type: ignore[attr-defined]
+        names = made.first_rank_names or [spec[0] for spec in specs]   # type: ignore[attr-defined]
+        return names, [True] * len(specs) if present is None else list(present)
 
-    monkeypatch.setattr(reducer_module, "check_same_variables", check)
+    monkeypatch.setattr(reducer_module, "agree_variables", check)
     yield made
 
 
@@ -243,7 +247,7 @@ def test_each_step_resubmits_the_prepared_request_with_the_average(engine: _Engi
     for step in range(3):
         _hand_over(reducer, [1, 0], value=step + 1.0)
         assert reducer.wait() == []
-        np.testing.assert_allclose(reducer.buckets[0].flat, np.full(4, step + 1.0))
+        np.testing.assert_allclose(reducer.buckets[0].grads, np.full(4, step + 1.0))
         reducer.zero()
     first, *later = [request for request, _ in engine.requests]
     assert all(r.desc is first.desc for r in later)          # checked and described once
@@ -257,7 +261,7 @@ def test_a_compressed_copy_goes_on_the_wire_and_comes_back(engine: _Engine) -> N
     assert reducer.wait() == []
     request, _ = engine.requests[0]
     assert request.desc.dtype == "float16" and reducer.buckets[0].flat.dtype == np.float32
-    np.testing.assert_array_equal(reducer.buckets[0].flat, np.full(4, 3.0))
+    np.testing.assert_array_equal(reducer.buckets[0].grads, np.full(4, 3.0))
 
 
 def test_an_evicted_gradient_leaves_its_bucket_reduced_in_the_pieces_around_it(
@@ -270,7 +274,7 @@ def test_an_evicted_gradient_leaves_its_bucket_reduced_in_the_pieces_around_it(
     assert engine.names() == ["Opt.bucket.0.p2..p0.part0", "Opt.bucket.0.p2..p0.part1"]
     assert reducer.pending == 2 and reducer.wait() == []
     assert [p[1].base is bucket.flat for p in bucket.pieces()] == [True, True]
-    np.testing.assert_array_equal(bucket.flat, [2, 2, 0, 0, 2, 2])
+    np.testing.assert_array_equal(bucket.grads, [2, 2, 0, 0, 2, 2])
 
 
 def test_a_gradient_that_no_longer_fits_fails_its_bucket_on_every_rank(engine: _Engine) -> None:
@@ -288,7 +292,7 @@ def test_a_failed_reduction_is_returned_and_the_others_still_waited_for(engine: 
     _hand_over(reducer, [3, 2, 1, 0])
     errors = reducer.wait()
     assert [str(e) for e in errors] == ["dtype differs"] and reducer.pending == 0
-    assert reducer.buckets[1].flat.tolist() == [1.0, 1.0]     # the other was written back
+    assert reducer.buckets[1].grads.tolist() == [1.0, 1.0]    # the other was written back
     _hand_over(reducer, [3, 2, 1, 0])                         # the next step starts clean
 
 
@@ -354,4 +358,68 @@ def test_device_buckets_are_one_request_each_ordered_after_the_stream(engine: _E
     assert {r.desc.device for r in requests} == {"cuda:0"}
     readies = [r.ready for r in requests]
     assert readies == sorted(set(readies)) and None not in readies   # one per submission
-    np.testing.assert_array_equal(reducer.buckets[0].flat.array, [3, 3, 2, 2, 1, 1])
+    np.testing.assert_array_equal(reducer.buckets[0].grads.array, [3, 3, 2, 2, 1, 1])
+
+
+# -- which gradients exist ---------------------------------------------------------------------
+def test_a_bucket_carries_one_flag_per_gradient_in_its_one_request(engine: _Engine) -> None:
+    """The stand-in peer has the same gradients as this rank: a gradient this rank
+    lacks comes back unused (its flag summed to 0); the flags ride in the bucket's own
+    request, so knowing costs no round."""
+    reducer = _reducer(4)
+    _hand_over(reducer, [3, 1, 0], value=2.0)
+    reducer.absent(2)
+    reducer.start_the_rest()
+    assert reducer.wait() == [] and reducer.unused == {2}
+    assert sorted(engine.names()) == ["Opt.bucket.0.p3..p1", "Opt.bucket.1.p0..p0"]
+    bucket = reducer.buckets[0]
+    assert bucket.flat.size == 6 + 3 and bucket.flags.tolist() == [1.0, 0.0, 1.0]
+    assert bucket.grads.tolist() == [2, 2, 0, 0, 2, 2]
+    _hand_over(reducer, [3, 2, 1, 0])              # the next step: every one present
+    assert reducer.wait() == [] and reducer.unused == set()
+    assert bucket.flags.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_flags_that_come_back_nonzero_say_another_rank_had_the_gradient(
+        engine: _Engine, monkeypatch: Any) -> None:
+    reducer = _reducer(2, op=hvd.Sum)
+    wait = engine.wait
+
+    def peer_has_everything(handle: int) -> Any:
+        request, _ = engine.requests[handle]
+        request.output[-2:] = 0.5                  # this rank's 0 and 1 become 1 and 2
+        return wait(handle)
+    monkeypatch.setattr(engine, "wait", peer_has_everything)
+    reducer.absent(1)
+    _hand_over(reducer, [0])
+    reducer.start_the_rest()
+    assert reducer.wait() == [] and reducer.unused == set()
+
+
+def test_frozen_parameters_get_no_bucket_but_are_compared(engine: _Engine) -> None:
+    reducer = Reducer(NUMPY, _specs(4), Settings("Opt"), trainable=[True, False, True, True])
+    assert [b.members for b in reducer.buckets] == [[3, 2, 0]]
+    assert not reducer.holds(1) and reducer.holds(0)
+    assert [spec[3] for spec in engine.compared] == [True, False, True, True]
+
+
+def test_gradients_no_rank_has_in_a_traced_graph_get_no_bucket(engine: _Engine) -> None:
+    reducer = Reducer(NUMPY, _specs(3), Settings("Lists"), present=[True, False, True])
+    assert reducer.never == {1} and [b.members for b in reducer.buckets] == [[2, 0]]
+    grads = [np.full(2, 3.0, np.float32)] * 3
+    reduced = reducer.reduce(grads)
+    assert reduced[1] is grads[1] and reduced[0].tolist() == [3.0, 3.0]
+
+
+def test_a_list_with_a_missing_gradient_says_which_no_rank_had(engine: _Engine) -> None:
+    reducer = Reducer(NUMPY, _specs(2), Settings("Lists"))
+    reducer.reduce([np.ones(2, np.float32), np.zeros(2, np.float32)], absent=[1])
+    assert reducer.unused == {1}
+    reducer.reduce([np.ones(2, np.float32), np.ones(2, np.float32)])
+    assert reducer.unused == set()
+
+
+def test_groups_and_the_layout_leave_out_what_is_not_reduced() -> None:
+    assert group_positions(5, 2, lambda p: p, among=[0, 2, 3, 4]) == [[0, 2], [3, 4]]
+    assert group_positions(3, [[0, 1], [2]], lambda p: p, among=[0, 2]) == [[0], [2]]
+    assert plan([MIB] * 4, ["f32"] * 4, 25 * MIB, among=[0, 2, 3]) == [[3], [2, 0]]

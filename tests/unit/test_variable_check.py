@@ -22,3 +22,14 @@ def test_names_may_differ_between_ranks_shapes_dtypes_and_counts_not() -> None:
     assert describe_difference([one, []]) == (
         "variable #0 differs: ranks [0] have 'dense/kernel' shape=(4, 2) dtype=float32; "
         "ranks [1] have no such variable")
+
+
+def test_whether_a_variable_trains_is_compared_and_named() -> None:
+    """Two layers of one shape, each rank freezing a different one: the shapes alone
+    agree, the fourth field (trained or frozen) does not."""
+    first = [("0.weight", (4, 4), "float64", False), ("1.weight", (4, 4), "float64", True)]
+    second = [("0.weight", (4, 4), "float64", True), ("1.weight", (4, 4), "float64", False)]
+    assert describe_difference([first, first]) is None
+    assert describe_difference([first, second]) == (
+        "variable #0 differs: ranks [0] have '0.weight' shape=(4, 4) dtype=float64 frozen; "
+        "ranks [1] have '0.weight' shape=(4, 4) dtype=float64 trainable")
