@@ -91,7 +91,7 @@ JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
 	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py \
 	tests/mpi/test_deadlock_keras.py tests/mpi/test_keras_values.py \
-	tests/mpi/test_keras_mixed_precision.py
+	tests/mpi/test_keras_mixed_precision.py tests/mpi/test_keras_frozen.py
 
 # These Keras files at -n 2 only: at -n 4 four ranks each trace TensorFlow's graphs on two
 # cores, and these files alone took 126 s of the -n 4 run's 439 s in a clean clone here

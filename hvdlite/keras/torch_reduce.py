@@ -28,15 +28,19 @@ class TorchGradientAverager(GradientLists):
                                          process_set), scale_local)
 
     def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        # A missing gradient takes part as zeros, so every rank reduces every bucket.
+        if not grads or self.settings.alone():
+            return grads
+        # A missing gradient takes part as zeros, so every rank reduces every bucket;
+        # one that no rank has stays None, so Keras skips its variable.
+        absent = [i for i, g in enumerate(grads) if g is None]
         dense = [torch.zeros_like(v.value) if g is None else g
                  for g, v in zip(grads, variables)]
-        if not dense or self.settings.alone():
-            return dense
         specs = [(str(v.path), tuple(g.shape), TORCH.dtype_name(g), TORCH.device(g))
                  for g, v in zip(dense, variables)]
+        reducer = self.reducer(specs, variables)
         with torch.no_grad():
-            return self.reducer(specs, variables).reduce(dense)
+            reduced = reducer.reduce(dense, absent)
+        return [None if i in reducer.unused else r for i, r in enumerate(reduced)]
 
 
 # The torch binding's support for the shared Keras optimizer (hvdlite._keras.optimizer).

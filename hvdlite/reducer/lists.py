@@ -8,11 +8,13 @@ once). Worker-local variables (Horovod's ``register_local_source`` and
 ranks train the same variables (a model-parallel shard may differ in shape between
 ranks); their gradients are divided by the set size unless ``scale_local`` is off,
 as Horovod's are. A rank outside the process set keeps its own gradients. What is
-the framework's own (missing and sparse gradients, graphs) is the subclass's.
+the framework's own (missing and sparse gradients, graphs) is the subclass's; a
+missing gradient (None) that no rank has comes back None, so the optimizer skips
+its variable as in one process (see ``Reducer.unused`` and ``Reducer.never``).
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 from hvdlite.api import autotune
 from hvdlite.api.adapter import TensorAdapter
@@ -70,12 +72,15 @@ class GradientLists:
         a local and a shared variable of the same loss take steps of the same size)."""
         return grad * scale
 
-    def reducer(self, specs: Sequence[Spec], variables: Sequence[Any]) -> Reducer:
-        """The reducer of this list of variables (made, and agreed, on first use)."""
-        key = tuple(specs)
+    def reducer(self, specs: Sequence[Spec], variables: Sequence[Any],
+                present: Optional[Sequence[bool]] = None) -> Reducer:
+        """The reducer of this list of variables (made, and agreed, on first use).
+        ``present``: which gradients exist in every call (a traced graph's)."""
+        key = (tuple(specs), None if present is None else tuple(present))
         reducer = self._reducers.get(key)
         if reducer is None:
             position = {id(v): i for i, v in enumerate(variables)}
             reducer = self._reducers[key] = Reducer(self.adapter, specs, self.settings,
-                                                    lambda v: position.get(id(v)))
+                                                    lambda v: position.get(id(v)),
+                                                    present=present)
         return reducer

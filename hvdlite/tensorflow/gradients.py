@@ -6,7 +6,10 @@ Dense gradients go to the reducer's buckets (``hvdlite.reducer``) in one call:
 inside a graph, one py_function per step for all of them. ``tf.IndexedSlices``
 (an Embedding's gradient) are reduced by allgather (one grouped op), or densified
 first with ``sparse_as_dense=True``. A missing gradient (None) takes part as
-zeros, so a rank whose loss does not reach some variable still matches the others.
+zeros, so a rank whose loss does not reach some variable still matches the others;
+one that no rank has stays None (the optimizer skips its variable). Eagerly, the
+bucket's flags say so at each call; in a traced function, where a gradient's being
+None is fixed when traced, the ranks agree on it with the layout, once.
 TensorFlow's tensors cannot be views of a buffer, so the buckets live in host
 memory: each gradient is copied in, and out as a new tensor.
 """
@@ -40,11 +43,12 @@ class GradientAverager(GradientLists):
         self._checked: set = set()       # lists of sparse variables already compared
 
     def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        if self.settings.alone():
+            return [None if g is None else self._densify(g, v) for g, v in zip(grads, variables)]
+        missing = {i for i, g in enumerate(grads) if g is None}
         grads = [self._densify(g, v) for g, v in zip(grads, variables)]
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
         dense = [i for i in range(len(grads)) if i not in set(sparse)]
-        if self.settings.alone():
-            return grads
         if sparse:
             self._check([variables[i] for i in sparse])
             slices = reduce_slices([grads[i] for i in sparse], self.settings.op,
@@ -52,19 +56,27 @@ class GradientAverager(GradientLists):
             for i, value in zip(sparse, slices):
                 grads[i] = value
         if dense:
-            reduced = self._reduce_dense([grads[i] for i in dense], [variables[i] for i in dense])
+            reduced = self._reduce_dense([grads[i] for i in dense], [variables[i] for i in dense],
+                                         [k for k, i in enumerate(dense) if i in missing])
             for i, value in zip(dense, reduced):
                 grads[i] = value
         return grads
 
-    def _reduce_dense(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+    def _reduce_dense(self, grads: list[Any], variables: list[Any],
+                      absent: list[int]) -> list[Any]:
         """One call of the reducer (a py_function inside a graph). Its buckets are made,
-        and the ranks' variables compared, when it is first traced or called."""
+        and the ranks' variables compared, when it is first traced or called.
+        ``absent``: the gradients that were None (zeros here); those no rank has come
+        back None."""
         specs = [(variable_name(v, i), tuple(tf.TensorShape(v.shape).as_list()),
                   tf.as_dtype(g.dtype).name, "cpu") for i, (g, v) in enumerate(zip(grads, variables))]
-        reducer = self.reducer(specs, variables)
-        return graph.run(lambda *tensors: reducer.reduce(tensors), grads,
-                         [g.dtype for g in grads], [g.shape for g in grads])
+        eager = graph.eager()
+        present = None if eager or not absent else [i not in absent for i in range(len(grads))]
+        reducer = self.reducer(specs, variables, present)
+        reduced = graph.run(lambda *tensors: reducer.reduce(tensors, absent if eager else ()),
+                            grads, [g.dtype for g in grads], [g.shape for g in grads])
+        unused = reducer.unused if eager else reducer.never
+        return [None if i in unused else r for i, r in enumerate(reduced)]
 
     def _check(self, variables: list[Any]) -> None:
         """The sparse gradients' variables, the same on every rank (the dense ones' are

@@ -18,7 +18,8 @@ from hvdlite.tensorflow.gradients import GradientAverager
 class DistributedGradientTape:
     """Wraps a tape by composition: recording, ``watch``, ``jacobian``... are the
     tape's own; ``gradient`` averages the result across ranks (one grouped op per
-    group). A missing gradient (None) takes part as zeros and comes back as zeros.
+    group). A missing gradient (None) takes part as zeros; one that no rank has
+    comes back None, so an optimizer skips its variable as in one process.
     ``register_local_source(variable)`` keeps a variable's gradient local (not
     reduced; divided by the set size when ``scale_local_gradients``).
 
