@@ -215,3 +215,41 @@ def test_a_layer_unfrozen_inside_a_step_is_refused_by_step_then_laid_out() -> No
         optimizer.step()
     assert not torch.equal(model.trunk.weight, _Branchy().trunk.weight)
     _assert_identical_everywhere(model)
+
+
+def test_which_gradients_exist_costs_no_request_of_its_own() -> None:
+    """A step with a branch no rank used, and one after unfreezing: one request per
+    bucket (the flags ride in the buckets), plus the one layout exchange after the
+    change."""
+    if hvd.size() < 2:
+        pytest.skip("on one rank nothing is reduced")
+    from hvdlite.api import runtime
+    model = _Branchy()
+    model.trunk.requires_grad_(False)
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    engine = runtime.engine()
+    submit, names = engine.submit, []
+
+    def spy(request: object, finish: object = None) -> int:
+        names.append(request.desc.name)       # type: ignore[attr-defined]
+        return submit(request, finish)
+    engine.submit = spy
+    try:
+        per_step = []
+        for step in range(3):
+            if step == 2:
+                model.trunk.requires_grad_(True)
+            names.clear()
+            x, y = _batch(step)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(_shard(x), None), _shard(y)).backward()
+            optimizer.step()
+            per_step.append(list(names))
+    finally:
+        del engine.submit
+    buckets = [b.name for b in optimizer._reducer.buckets]
+    assert all(".bucket." in name for name in per_step[1]) and len(per_step[1]) == 1
+    assert sorted(n for n in per_step[2] if ".bucket." in n) == sorted(buckets)
+    others = {n for n in per_step[2] if ".bucket." not in n}
+    assert others and all(n.startswith("DistributedOptimizer.layout") for n in others)
