@@ -49,8 +49,10 @@ def test_training_runs_hvdlite_on_the_gloo_transport_beside_mpi() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_training_worker_warms_up_for_the_seconds_asked_before_timing() -> None:
-    """--warmup-seconds: every rank trains untimed, stopping at the same step, before the
-    timed loop (the worker alone, under mpiexec, on the model that steps fastest)."""
+    """--warmup-seconds reaches the worker under mpiexec and it trains untimed before
+    its timed loop. How many steps fit in the time is the machine's business: the
+    warm-up's length and order are checked on a fake clock
+    (tests/unit/test_bench_training_methods.py)."""
     import json
     from hvdlite.bench.launches import mpiexec_path
     proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "hvdlite.bench",
@@ -60,4 +62,4 @@ def test_a_training_worker_warms_up_for_the_seconds_asked_before_timing() -> Non
                           capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stdout + proc.stderr
-    assert json.loads(line[len("RESULT "):])["warmup_steps"] > 10, line
+    assert json.loads(line[len("RESULT "):])["warmup_steps"] >= 1, line

@@ -4,11 +4,12 @@ choice autotune made in each launch. No benchmark runs here: the launches are st
 for."""
 from __future__ import annotations
 
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Optional
 
 import pytest
 
-from hvdlite.bench import launches, training
+from hvdlite.bench import launches, timing, training
 
 
 def test_methods_picks_the_launches_and_autotune_turns_autotune_on(
@@ -99,3 +100,56 @@ def test_pin_malloc_reaches_every_launch_and_the_heading(
     assert envs[1]["HVDLITE_AUTOTUNE"] == "1"          # a method's own setting stays
     heading = capsys.readouterr().out
     assert ("malloc's thresholds pinned" in heading) == pinned, heading
+
+
+class OneRank:
+    """A communicator of one rank; ``told``, where given, are rank 0's answers to the
+    warm-up's question (is it over?) as another rank receives them."""
+
+    def __init__(self, told: Optional[list[bool]] = None) -> None:
+        self.told = told
+
+    def bcast(self, value: Any, root: int) -> Any:
+        assert root == 0
+        return self.told.pop(0) if self.told is not None else value
+
+    def Barrier(self) -> None:
+        pass
+
+    def allgather(self, value: Any) -> list:
+        return [value]
+
+
+def _clocked(monkeypatch: pytest.MonkeyPatch, measured: training.Measured) -> Any:
+    """A step on a fake clock: an untimed step takes 1 s, a timed one (counted by
+    ``measured``) 0.1 s; returns the step and the calls count each step saw."""
+    now = [0.0]
+    seen: list[int] = []
+    clock = SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(training, "time", clock)
+    monkeypatch.setattr(timing, "time", clock)
+
+    def step() -> None:
+        seen.append(measured.calls)
+        now[0] += 1.0 if measured.calls == 0 else 0.1
+    return step, seen
+
+
+def test_a_worker_trains_untimed_for_the_seconds_asked_then_times_only_what_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--warmup-seconds on a fake clock, so no machine is too slow or too busy for it:
+    2.5 s of 1 s steps is three untimed steps, and the rate is the timed steps' alone."""
+    measured = training.Measured(OneRank(), warmup_s=2.5)
+    step, seen = _clocked(monkeypatch, measured)
+    rate = measured.timed(step, seconds=1.0)
+    assert measured.warmup_steps == 3 and seen[:4] == [0, 0, 0, 1], seen
+    assert rate == pytest.approx(10.0)                 # 0.1 s a step: no warm-up step in it
+    assert measured.result(rate)["warmup_steps"] == 3
+
+
+def test_every_rank_ends_its_warm_up_when_rank_0_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose own clock says the warm-up is over keeps training until rank 0's does."""
+    measured = training.Measured(OneRank(told=[False, False, True]), warmup_s=0.5)
+    step, seen = _clocked(monkeypatch, measured)
+    measured.warm_up(step, since=-100.0)
+    assert measured.warmup_steps == 2 and seen == [0, 0]
