@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -25,13 +26,26 @@ class Gloo:
     def __init__(self, *tensors: Tensor) -> None:
         self.held = list(tensors)
 
-    def let_go(self, after_s: float = 0.0) -> threading.Thread:
+    def let_go(self, once: Optional[threading.Event] = None) -> threading.Thread:
+        """Let go now, or once ``once`` is set (giving up after a minute)."""
         def later() -> None:
-            time.sleep(after_s)
+            if once is not None:
+                once.wait(60)
             self.held.clear()
-        thread = threading.Thread(target=later)
+        thread = threading.Thread(target=later, daemon=True)
         thread.start()
         return thread
+
+
+def asleep(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once the handoff's wait first sleeps: it is waiting for Gloo by then."""
+    sleeping = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        sleeping.set()
+        time.sleep(seconds)
+    monkeypatch.setattr(handoff, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    return sleeping
 
 
 def test_a_tensor_is_held_until_gloo_lets_go_of_it() -> None:
@@ -53,24 +67,28 @@ def test_hold_lets_go_of_those_released_first() -> None:
     assert book._held == gloo.held
 
 
-def test_await_released_returns_once_gloo_lets_go() -> None:
+def test_await_released_returns_once_gloo_lets_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gloo lets go only once the wait sleeps, so the wait cannot end before it."""
     book = Handoff()
     gloo = Gloo(Tensor())
     book.hold(gloo.held)
-    thread = gloo.let_go(after_s=0.05)
-    started = time.monotonic()
-    assert book.await_released(5.0) is True
-    assert time.monotonic() - started >= 0.04
+    thread = gloo.let_go(once=asleep(monkeypatch))
+    assert book.await_released(60.0) is True and gloo.held == []
     thread.join()
 
 
-def test_await_released_gives_up_after_its_timeout() -> None:
+def test_await_released_gives_up_after_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a fake clock that only its sleeps move: it gives up at its timeout, not before."""
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+    monkeypatch.setattr(handoff, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
     book = Handoff()
     gloo = Gloo(Tensor())
     book.hold(gloo.held)
-    started = time.monotonic()
     assert book.await_released(0.05) is False
-    assert 0.04 <= time.monotonic() - started < 2.0
+    assert 100.05 <= now[0] < 100.05 + 2 * handoff._PAUSE_S
 
 
 def test_the_held_list_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,10 +127,9 @@ def test_the_exit_hook_waits_for_gloo_to_let_go(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: False)
     gloo = Gloo(Tensor())
     book.hold(gloo.held)
-    thread = gloo.let_go(after_s=0.1)
-    started = time.monotonic()
+    thread = gloo.let_go(once=asleep(monkeypatch))      # only while the hook waits
     transport_torch._at_exit()
-    assert time.monotonic() - started >= 0.09 and book.alive() == 0
+    assert book.alive() == 0
     thread.join()
 
 

@@ -18,6 +18,9 @@ from hvdlite.core.sentinel import GRACE_S, Sentinel
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not liveness.identity(0).domain, reason="no /proc")]
+# A loss is reported once the grace has passed, at the sentinel's next tick: far below
+# the peer timeout (20 s here), which is what a sentinel that missed it would leave.
+LOST_WITHIN_S = GRACE_S + 10
 
 
 def _start_time(pid: int) -> int:
@@ -68,10 +71,10 @@ def test_a_peer_that_ends_inside_a_collective_is_lost_once_the_grace_has_passed(
         watch = watching(peers, losses)
         try:
             watch.inside = (time.monotonic(), (0, 1, 2))
+            ended = time.monotonic()             # before the end: the grace runs after it
             procs[0].kill()                      # a zombie now: its parent has not reaped it
-            ended = time.monotonic()
-            assert losses.event.wait(10)
-            assert GRACE_S * 0.9 <= losses.when - ended < GRACE_S + 3
+            assert losses.event.wait(30)
+            assert GRACE_S <= losses.when - ended < LOST_WITHIN_S
             assert losses.messages == [liveness.error_message(
                 0, f"rank 1 (pid {procs[0].pid} on {peers[0].host}) exited", None, 20.0)]
         finally:
@@ -88,8 +91,8 @@ def test_a_peer_ended_outside_a_collective_is_lost_once_the_engine_is_in_one() -
             assert not losses.event.wait(GRACE_S * 3)   # not waiting on anyone
             entered = time.monotonic()
             watch.inside = (entered, (0, 1))
-            assert losses.event.wait(10)
-            assert GRACE_S * 0.9 <= losses.when - entered < GRACE_S + 3
+            assert losses.event.wait(30)
+            assert GRACE_S <= losses.when - entered < LOST_WITHIN_S
             assert f"rank 1 (pid {procs[0].pid} on " in losses.messages[0]
         finally:
             watch.stop()
@@ -117,7 +120,7 @@ def test_without_pidfds_ended_peers_are_found_by_looking(
         try:
             watch.inside = (time.monotonic(), (0, 1))
             procs[0].kill()
-            assert losses.event.wait(10)
+            assert losses.event.wait(30)
             assert f"rank 1 (pid {procs[0].pid} on " in losses.messages[0]
         finally:
             watch.stop()
@@ -141,7 +144,7 @@ def test_explain_names_an_ended_peer_or_gives_up_after_the_wait() -> None:
         assert watch.explain(wait=0.3) is None
         assert time.monotonic() - started >= 0.3
         procs[0].kill()
-        message = watch.explain(wait=5)
+        message = watch.explain(wait=30)
         assert message is not None and message.startswith(
             f"rank 0: lost a peer: rank 1 (pid {procs[0].pid} on ")
 

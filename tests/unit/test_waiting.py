@@ -288,7 +288,7 @@ def test_precise_sleeps_is_quiet_where_prctl_is_missing(monkeypatch: pytest.Monk
     waiting.precise_sleeps()                           # a libc without prctl
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(90)
 def test_a_burst_of_rings_wakes_a_listener_with_one_release() -> None:
     bell = Doorbell()
     releases: list[int] = []
@@ -302,26 +302,29 @@ def test_a_burst_of_rings_wakes_a_listener_with_one_release() -> None:
         bell.ring()                                    # nobody listens yet
     assert releases == []
     woke: list[bool] = []
-    listener = threading.Thread(target=lambda: woke.append(bell.listen(10.0, lambda: False)))
+    listener = threading.Thread(target=lambda: woke.append(bell.listen(30.0, lambda: False)))
     listener.start()
-    deadline = time.monotonic() + 10
-    while not bell.listening and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while not bell.listening:
+        assert time.monotonic() < deadline, "the listener never listened"
         time.sleep(0.001)
     for _ in range(200):
         bell.ring()
-    listener.join(10)
-    assert woke == [True] and releases == [1]
+    listener.join(60)
+    assert woke == [True] and releases == [1]          # True: woken, not at its limit
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_the_doorbell_listens_no_longer_than_asked_and_takes_any_timeout() -> None:
+    """Upper bounds far above what is asked, for a busy machine: they tell a limit kept
+    from one ignored (a lock acquired without a timeout, or with -1: forever)."""
     bell = Doorbell()
     started = time.monotonic()
     assert bell.listen(0.02, lambda: False) is False
-    assert 0.015 <= time.monotonic() - started < 0.5
+    assert 0.015 <= time.monotonic() - started < 10
     started = time.monotonic()
     assert bell.listen(-1.0, lambda: False) is False   # a negative timeout: no sleep
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10
 
 
 def test_ringing_a_rung_doorbell_again_is_harmless() -> None:
