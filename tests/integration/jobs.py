@@ -18,6 +18,7 @@ def crash() -> None:
     hvd.init()
     if hvd.rank() == hvd.size() - 1:
         print("last rank: about to fail")   # buffered: must be flushed before the abort
+        _losing()
         raise RuntimeError("deliberate failure on the last rank")
     hvd.allreduce(np.ones(4), name="never.completes")
 
@@ -68,6 +69,12 @@ def _say(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
+def _losing() -> None:
+    """When this rank is lost, on the host's monotonic clock (the same in every
+    process): tests time the job's end from it, not from the launch."""
+    _say(f"LOSING rank {hvd.rank()} at {time.monotonic():.3f}")
+
+
 def _announce_pids() -> None:
     """For the test's check that no process outlives the job."""
     try:
@@ -87,6 +94,7 @@ def _survive(lose_last_rank: Callable[[], None], steps_before: int = 5) -> None:
     for _ in range(steps_before):
         hvd.allreduce(np.ones(4), name="step")
     if hvd.rank() == hvd.size() - 1:
+        _losing()
         lose_last_rank()
     start = time.monotonic()
     try:
@@ -137,6 +145,7 @@ def stall_while_round_stuck() -> None:
             _say(f"PEER_LOST rank 0 after {time.monotonic() - start:.1f} s: {exc}")
         return
     time.sleep(1.5)
+    _losing()
     ctypes.PyDLL(None).sleep(40)   # PyDLL keeps the GIL: the engine thread cannot run
 
 

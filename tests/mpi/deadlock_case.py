@@ -87,9 +87,9 @@ def check_deadlock(error: Optional[BaseException], after: np.ndarray,
     text = deadlock_text(error)
     assert text.startswith(f"rank {hvd.rank()}: Deadlock: "), text
     # How long every rank had been blocked when rank 0 decided: half the stall check
-    # time, and less than the whole of it but for a round or two under load.
+    # time, and not much more: a few rounds, which a busy machine can make slow.
     blocked = float(re.match(r"rank \d+: Deadlock: for ([\d.]+) s", text).group(1))
-    assert STALL_CHECK_S / 2 <= blocked < 2 * STALL_CHECK_S, text
+    assert STALL_CHECK_S / 2 <= blocked < STALL_CHECK_S / 2 + 3, text
     size = hvd.size()
     assert f"rank 0 waits on allreduce '{waits['rank 0']}' (not submitted by ranks " \
            f"{list(range(1, size))})" in text, text

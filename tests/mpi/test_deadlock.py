@@ -92,7 +92,13 @@ def test_a_slow_rank_only_draws_the_stall_warning(short_stall_check: Warnings,
             else None
     if hvd.rank() == 0:
         handle = early()
-        time.sleep(3 * STALL_CHECK_S)
+        # Busy until the stall is logged (the others have waited a stall check time, twice
+        # the deadlock's), and for one more: a deadlock wrongly seen would be raised by then.
+        deadline = time.monotonic() + 60
+        while not any(f"'{name}'" in m for m in short_stall_check.messages) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(STALL_CHECK_S)
         result = hvd.allreduce(np.full(2, 0.0), op=hvd.Sum, name=name)
     else:
         result = hvd.allreduce(np.full(2, float(hvd.rank())), op=hvd.Sum, name=name)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from tests.mpi.outcomes import under_torchrun
+from tests.mpi.outcomes import channel, under_torchrun
 from hvdlite.api.control import reconfigure
 
 
@@ -127,9 +127,19 @@ def test_stall_warning_names_tensor_and_missing_ranks() -> None:
     records = _Records()
     logging.getLogger("hvdlite").addHandler(records)
     try:
-        if hvd.rank() != 0:
-            time.sleep(1.5)     # every rank but 0 is late with this tensor
-        hvd.allreduce(np.ones(2), name="stall.probe")
+        # Every rank but 0 is late with this tensor until rank 0 has logged its stall
+        # (or given up after a minute: the check below then fails).
+        if hvd.rank() == 0:
+            handle = hvd.allreduce_async(np.ones(2), name="stall.probe")
+            deadline = time.monotonic() + 60
+            while not any("'stall.probe'" in m for m in records.messages) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            channel().idle_until_all_arrive()
+            hvd.synchronize(handle)
+        else:
+            channel().idle_until_all_arrive()
+            hvd.allreduce(np.ones(2), name="stall.probe")
     finally:
         logging.getLogger("hvdlite").removeHandler(records)
         reconfigure(stall_check_time=60.0)
