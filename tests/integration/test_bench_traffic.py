@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
+@pytest.mark.timeout(200)     # above the job's own limit, 180 s
 @pytest.mark.parametrize("np", [2, 4])
 def test_traffic_bench_matches_the_formulas(np: int, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")

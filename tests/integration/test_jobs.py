@@ -87,6 +87,7 @@ def test_numpy_demo_trains_identically_on_all_ranks() -> None:
 
 # Two ranks, as make demo runs it (four train the same way: tests/mpi's training
 # comparisons run at -n 4; SLURM's template test runs the example too).
+@pytest.mark.timeout(320)     # above the job's own limit, 300 s
 @pytest.mark.parametrize("np", [2])
 def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
     pytest.importorskip("torch")
@@ -98,6 +99,7 @@ def test_pytorch_digits_example_reaches_accuracy(np: int) -> None:
     assert accuracy >= 0.95, proc.stdout
 
 
+@pytest.mark.timeout(150)     # above the job's own limit, 120 s
 def test_pytorch_synthetic_benchmark_runs() -> None:
     pytest.importorskip("torch")
     proc = subprocess.run([*mpiexec(2), sys.executable, "examples/pytorch_synthetic_benchmark.py",

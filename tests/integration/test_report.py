@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Above the jobs' own limit (240 s): on a busy machine the Keras job (two ranks importing
+# TensorFlow) ran past pytest's default 120 s, which ended the whole run.
+pytestmark = pytest.mark.timeout(300)
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 RANK_FIELDS = ("rank", "host", "steps", "step_time_s", "compute_time_s", "comm_wait_s",
                "peer_wait_s", "bytes_sent", "bytes_received", "rss_peak_bytes",

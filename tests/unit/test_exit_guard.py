@@ -160,7 +160,7 @@ def test_without_pidfd_the_guard_notices_it_was_reparented_at_its_next_check(
     monkeypatch.setattr(exit_guard, "os", fake)
     watch = Timed(watching(rank))
     started = time.monotonic()
-    assert exit_guard._wait_for_parent(int("4242"), watch, rank.fileno()) is True  # type: ignore[arg-type]
+    assert exit_guard._wait_for_parent(int("4242"), watch, rank.fileno()) is True
     assert fake.asked == 2                             # not before the parent changed
     assert watch.timeouts == [500.0, 500.0]            # checked every 0.5 s
     assert time.monotonic() - started >= 0.9
