@@ -186,7 +186,7 @@ docs-images: install
 	$(MPIEXEC) -n 4 $(PY) examples/report_demo.py --report docs/images/report \
 	    --slow-rank 3 --delay-ms 100 --steps 60
 	rm -f docs/images/report/report.json
-	$(PY) -m hvdlite.bench forecast --compute-ms 450 --params 23.8e6 --tensors 190 \
+	$(PY) -m hvdlite.forecast --compute-ms 450 --params 23.8e6 --tensors 190 \
 	    --network 25GbE --network IB-HDR --batch-size 64 --plot docs/images/forecast.png
 
 # The built site in a headless Chromium (Debian's chromium): every page loads without a
@@ -240,8 +240,8 @@ gpu-check:
 	$(GPU_PYTHON) tests/gpu_check.py
 
 bench: install
-	$(MPIEXEC) -n $(NP) $(PY) -m hvdlite.bench allreduce
-	$(PY) -m hvdlite.bench training
+	$(MPIEXEC) -n $(NP) $(PY) -m bench allreduce
+	$(PY) -m bench training
 
 clean:
 	rm -rf $(VENV) $(OMPI_VENV) $(GLOO_VENV) $(GLOO_TMP) .pytest_cache .mutation build site *.egg-info

@@ -133,7 +133,7 @@ class Config:
     ring_threshold: int = knob(
         2 << 20, parse_bytes, SAME,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
-        "the ring. Chosen from `python -m hvdlite.bench allreduce` on 2 cores, a core per "
+        "the ring. Chosen from `python -m bench allreduce` on 2 cores, a core per "
         "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
         "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
     ring_chunk: int = knob(

@@ -12,7 +12,7 @@ limit:
    with the one-rank shortcut off where a test asks (tests/mpi/test_gpu_torch.py,
    test_differential.py, test_torch_buckets.py);
 2. the same at world size 2: two ranks share the GPU, so the staged path;
-3. ``python -m hvdlite.bench gpu`` at world size 1, under mpiexec and under torchrun;
+3. ``python -m bench gpu`` at world size 1, under mpiexec and under torchrun;
 4. under torchrun (the torch transport: CUDA tensors over torch's own NCCL), the
    torchrun GPU tests and the GPU tests at world size 1, and at world size 2 (two
    ranks on one GPU: staged through the host and Gloo);
@@ -158,10 +158,10 @@ def main() -> int:
         _run("GPU tests + differential, world size 2 (one GPU: staged)",
              mpiexec + ["-n", "2"] + pytest + GPU_TESTS[:2], 150, env, log),
         _run("bench gpu, world size 1",
-             mpiexec + ["-n", "1", sys.executable, "-m", "hvdlite.bench", "gpu",
+             mpiexec + ["-n", "1", sys.executable, "-m", "bench", "gpu",
               "--rounds", "3", "--steps", "10"], 150, env, log),
         _run("bench gpu, torchrun world size 1",
-             _torchrun(1) + ["-m", "hvdlite.bench", "gpu", "--rounds", "3", "--steps", "10"],
+             _torchrun(1) + ["-m", "bench", "gpu", "--rounds", "3", "--steps", "10"],
              150, torchrun_env, log),
     ]
     passed = all(outcome.startswith("ok") for _, outcome, _ in steps)

@@ -225,5 +225,5 @@ def _forecast_line(made: dict[str, Any]) -> str:
         return f"scaling forecast: none ({made.get('note', 'no forecast in this report')})"
     cells = ", ".join(f"{share:.0%} at {p}" for p, share in made["efficiency"].items())
     return (f"scaling forecast (ring overlapping backward, on {made['network']}: "
-            f"{FORECAST_WHY}): {cells} ranks; other networks: python -m hvdlite.bench "
-            "forecast --report DIR")
+            f"{FORECAST_WHY}): {cells} ranks; other networks: python -m "
+            "hvdlite.forecast --report DIR")

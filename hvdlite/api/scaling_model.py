@@ -1,5 +1,5 @@
 """The scaling forecast's model: how long one data-parallel step takes on P ranks.
-Pure functions on numbers (no MPI), shared by ``python -m hvdlite.bench forecast``,
+Pure functions on numbers (no MPI), shared by ``python -m hvdlite.forecast``,
 the report's forecast line and the traffic benchmark's alpha-beta table.
 
 One step on P ranks (the README's "Will it scale?" writes it out):

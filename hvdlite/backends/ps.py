@@ -5,7 +5,7 @@ Never the default (``HVDLITE_ALLREDUCE=ps`` selects it): it is here to be
 measured against the ring. Per allreduce of N bytes over P ranks the server
 sends and receives N(P-1) bytes, each worker N each way; the ring moves
 2N(P-1)/P per rank, so the server's link is the bottleneck from P = 3 on
-(``python -m hvdlite.bench traffic`` shows both).
+(``python -m bench traffic`` shows both).
 
 The server reduces the workers' buffers in rank order, receiving the next
 one into a second scratch buffer while it reduces the current one, so the

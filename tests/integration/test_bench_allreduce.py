@@ -1,4 +1,4 @@
-"""``python -m hvdlite.bench allreduce`` under mpiexec: the lone-op and per-tensor
+"""``python -m bench allreduce`` under mpiexec: the lone-op and per-tensor
 figures come with their baselines, torch.distributed over gloo among them."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ FIGURE = r"(\d+\.\d+) (us|ms)"
 
 def _bench(*args: str, np: int = 2) -> str:
     proc = subprocess.run(
-        [MPIEXEC, "-n", str(np), sys.executable, "-m", "hvdlite.bench", "allreduce", *args],
+        [MPIEXEC, "-n", str(np), sys.executable, "-m", "bench", "allreduce", *args],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
         text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

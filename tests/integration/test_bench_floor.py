@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(200)
 def test_the_floors_train_beside_the_hand_fused_loop_and_print_their_ratios() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "hvdlite.bench", "training", "--np", "2", "--models", "mlp",
+        [sys.executable, "-m", "bench", "training", "--np", "2", "--models", "mlp",
          "--methods", "hvdlite", "hand_fused", "fused_handoff", "fused_negotiated",
          "--rounds", "1", "--seconds", "0.2"],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),

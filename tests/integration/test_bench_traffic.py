@@ -1,4 +1,4 @@
-"""``python -m hvdlite.bench traffic --json`` under mpiexec: one JSON list whose
+"""``python -m bench traffic --json`` under mpiexec: one JSON list whose
 measured bytes equal the textbook formulas exactly, and a plot."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_traffic_bench_matches_the_formulas(np: int, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     plot = tmp_path / "traffic.png"
     proc = subprocess.run(
-        [MPIEXEC, "-n", str(np), sys.executable, "-m", "hvdlite.bench", "traffic", "--json",
+        [MPIEXEC, "-n", str(np), sys.executable, "-m", "bench", "traffic", "--json",
          "--mib", "0.25", "--seconds", "0.01", "--plot", str(plot)],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
         text=True, timeout=180)

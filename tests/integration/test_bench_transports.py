@@ -19,7 +19,7 @@ RATIO = r"\d+\.\d+x \(\d+\.\d+-\d+\.\d+\)"
 
 def _bench(*args: str) -> str:
     """The driver itself runs without a launcher: it launches mpiexec and torchrun."""
-    proc = subprocess.run([sys.executable, "-m", "hvdlite.bench", *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
                           capture_output=True, text=True, timeout=280,
                           stdin=subprocess.DEVNULL)
@@ -54,8 +54,8 @@ def test_a_training_worker_warms_up_for_the_seconds_asked_before_timing() -> Non
     warm-up's length and order are checked on a fake clock
     (tests/unit/test_bench_training_methods.py)."""
     import json
-    from hvdlite.bench.launches import mpiexec_path
-    proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "hvdlite.bench",
+    from bench.launches import mpiexec_path
+    proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "bench",
                            "training-worker", "--method", "no_comm", "--model", "mlp",
                            "--seconds", "0.2", "--warmup-seconds", "0.5"],
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),

@@ -7,7 +7,7 @@ from typing import Callable
 import pytest
 from mpi4py import MPI
 
-from hvdlite.bench.floor import ROUND_WORDS, handoff_floor, lone_median, negotiated_floor
+from bench.floor import ROUND_WORDS, handoff_floor, lone_median, negotiated_floor
 
 
 @pytest.mark.timeout(30)

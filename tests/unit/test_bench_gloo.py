@@ -7,7 +7,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from hvdlite.bench import gloo
+from bench import gloo
 
 dist = pytest.importorskip("torch.distributed")
 

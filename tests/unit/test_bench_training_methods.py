@@ -1,4 +1,4 @@
-"""``python -m hvdlite.bench training --methods ...``: the launches it makes (autotune
+"""``python -m bench training --methods ...``: the launches it makes (autotune
 is hvdlite with HVDLITE_AUTOTUNE=1), and a table over whichever methods ran, with the
 choice autotune made in each launch. No benchmark runs here: the launches are stood in
 for."""
@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import pytest
 
-from hvdlite.bench import launches, timing, training
+from bench import launches, timing, training
 
 
 def test_methods_picks_the_launches_and_autotune_turns_autotune_on(

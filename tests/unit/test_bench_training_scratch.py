@@ -1,6 +1,6 @@
-"""``python -m hvdlite.bench training --report-cost`` writes its reports to a
-temporary directory that exists while the launches run and is gone after (it
-used to leave ``$TMPDIR/hvdlite-bench-report`` behind). No benchmark runs here:
+"""``python -m bench training --report-cost`` writes its reports to a
+temporary directory that exists while the launches run and is gone after: nothing
+is left in ``$TMPDIR``. No benchmark runs here:
 the launches are stood in for."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hvdlite.bench import training
+from bench import training
 
 
 def test_report_directory_exists_during_the_launches_and_is_removed_after(

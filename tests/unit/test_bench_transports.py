@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hvdlite.bench import allreduce_transports, launches, training
+from bench import allreduce_transports, launches, training
 
 
 def test_a_torchrun_method_is_launched_by_torch_distributed_run_on_this_host() -> None:
@@ -17,7 +17,7 @@ def test_a_torchrun_method_is_launched_by_torch_distributed_run_on_this_host() -
     assert command[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node=3"]
     assert not any(a.startswith("--master_port") for a in command)   # picked, then raced
-    assert command[-5:] == ["-m", "hvdlite.bench", "training-worker", "--model", "mlp"]
+    assert command[-5:] == ["-m", "bench", "training-worker", "--model", "mlp"]
 
 
 def test_an_mpi_method_is_launched_by_the_venvs_mpiexec() -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from hvdlite.api import report_summary
 from hvdlite.api import scaling_model as model
-from hvdlite.bench import forecast, traffic
+from bench import traffic
+from hvdlite import forecast
 from hvdlite.errors import ConfigError
 
 NET = model.Link("net", 1e9, 10e-6)        # 1 GB/s, 10 us per message
@@ -250,7 +251,7 @@ def test_bad_inputs_are_clear_errors(argv: list[str], message: str,
                                      capsys: pytest.CaptureFixture) -> None:
     code, out, err = run_cli([*argv, "--plot", ""], capsys)
     assert code == 2 and out == ""
-    assert err.startswith("python -m hvdlite.bench forecast: error: ") and message in err
+    assert err.startswith("python -m hvdlite.forecast: error: ") and message in err
 
 
 def test_a_report_missing_fields_names_them(tmp_path: Path,
@@ -272,7 +273,7 @@ def test_a_report_that_reduced_nothing_asks_for_the_bytes() -> None:
 
 
 def test_this_machines_link_is_fitted_from_ring_times() -> None:
-    from hvdlite.bench import forecast_check
+    from bench import forecast_check
     exact = {n: 2 * 5e-6 + n / 2e9 for n in (1 << 18, 1 << 20, 1 << 22)}   # P = 2
     link = forecast_check.fit_link(exact, 2)
     assert link.latency == pytest.approx(5e-6) and link.bandwidth == pytest.approx(2e9)
@@ -307,7 +308,7 @@ def test_a_report_with_nonsense_numbers_is_refused(tmp_path: Path, fields: dict[
     code, out, err = run_cli(["--report", _report_file(tmp_path, **fields), "--plot", ""],
                              capsys)
     assert code == 2 and out == "", out + err
-    assert err.startswith("python -m hvdlite.bench forecast: error: ") and message in err, err
+    assert err.startswith("python -m hvdlite.forecast: error: ") and message in err, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
 
 

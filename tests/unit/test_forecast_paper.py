@@ -1,14 +1,14 @@
 """The forecast against numbers no one here produced: the Horovod paper's scaling
 (arXiv 1802.05799, figures 6 and 7) and Horovod's 512-GPU benchmark, with one set
 of network constants for all three models. A model change that moves any of them
-out of the 10-point band fails here (hvdlite/bench/forecast_paper.py has the inputs
+out of the 10-point band fails here (hvdlite/forecast_paper.py has the inputs
 and their sources)."""
 from __future__ import annotations
 
 import pytest
 
 from hvdlite.api import scaling_model as model
-from hvdlite.bench import forecast_paper as paper
+from hvdlite import forecast_paper as paper
 
 TABLE = paper.rows()
 BY_NAME = {row["model"]: row for row in TABLE}

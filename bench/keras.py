@@ -3,10 +3,10 @@ DistributedOptimizer against ``model.fit`` under
 tf.distribute.MultiWorkerMirroredStrategy, and hvdlite's DistributedGradientTape
 in a custom ``tf.function`` loop, in one run.
 
-    python -m hvdlite.bench keras        # runs np=1 and np=2 itself, prints the table
+    python -m bench keras        # runs np=1 and np=2 itself, prints the table
 
 Each method and model runs in its own mpiexec launch, rounds interleave the
-methods, and the table gives medians with their spread (hvdlite/bench/launches.py).
+methods, and the table gives medians with their spread (bench/launches.py).
 
 Same model, optimizer (SGD with momentum) and synthetic data for every method;
 one intra-op and one inter-op thread per rank; ``jit_compile=False`` (what
@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any, Optional, Sequence
 
-from hvdlite.bench import launches
+from bench import launches
 
 MODELS = ("mlp", "cnn")
 METHODS = ("hvdlite", "mwms", "tape")
@@ -305,7 +305,7 @@ def _print_table(rows: list, rounds: int, failures: dict) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench keras",
+    parser = argparse.ArgumentParser(prog="python -m bench keras",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["mlp"])

@@ -1,9 +1,9 @@
 """Will it scale? Step time, samples/s and scaling efficiency on P = 1 to 1024 ranks,
 forecast from one measured run (its HVDLITE_REPORT report.json) or from numbers you give.
 
-    python -m hvdlite.bench forecast --report DIR/report.json [--batch-size 64]
-    python -m hvdlite.bench forecast --compute-ms 450 --params 23.8e6 --tensors 190
-    python -m hvdlite.bench forecast --paper       # the check against the Horovod paper
+    python -m hvdlite.forecast --report DIR/report.json [--batch-size 64]
+    python -m hvdlite.forecast --compute-ms 450 --params 23.8e6 --tensors 190
+    python -m hvdlite.forecast --paper       # the check against the Horovod paper
 
 One process, no MPI. For each network (--network, or --bandwidth and --latency) and
 algorithm (ring, parameter server, hierarchical when --ranks-per-node > 1) it prints
@@ -28,7 +28,7 @@ MAX_P = 1024
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hvdlite.bench forecast",
+    p = argparse.ArgumentParser(prog="python -m hvdlite.forecast",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--report", help="report.json (or its directory) from HVDLITE_REPORT")
     p.add_argument("--compute-ms", type=float, help="one rank's step without communication")
@@ -266,7 +266,7 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def run(args: argparse.Namespace) -> None:
     if args.paper:
-        from hvdlite.bench import forecast_paper
+        from hvdlite import forecast_paper
         print(forecast_paper.report())
         return
     work = workload(args)
@@ -290,10 +290,14 @@ def run(args: argparse.Namespace) -> None:
         print(f"\nplot: {drawing}")
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser().parse_args(argv)
     try:
         run(args)
     except ConfigError as exc:
-        print(f"python -m hvdlite.bench forecast: error: {exc}", file=sys.stderr)
+        print(f"python -m hvdlite.forecast: error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

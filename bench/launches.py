@@ -8,9 +8,9 @@ whichever ran in the quiet moment. Rotating the order within interleaved rounds
 spreads the drift over every method alike, and the median with its min-max range
 says how much to trust a ratio.
 
-A method is a command (run as ``mpiexec -n NP python -m hvdlite.bench <args>``, or
+A method is a command (run as ``mpiexec -n NP python -m bench <args>``, or
 for the torch transport ``python -m torch.distributed.run --nproc_per_node=NP -m
-hvdlite.bench <args>``) whose rank 0 prints one line ``RESULT {json}`` with a numeric
+bench <args>``) whose rank 0 prints one line ``RESULT {json}`` with a numeric
 field to compare.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hvdlite.runner.gloo import torchrun_here
 @dataclass(frozen=True)
 class Method:
     label: str
-    args: tuple[str, ...]                   # after ``python -m hvdlite.bench``
+    args: tuple[str, ...]                   # after ``python -m bench``
     env: tuple[tuple[str, str], ...] = ()   # extra environment for this launch
     launcher: str = "mpiexec"               # or "torchrun": hvdlite on the torch transport
 
@@ -67,10 +67,10 @@ def mpiexec_path() -> str:
 def command_for(method: Method, np_: int) -> list[str]:
     """The launcher's command line: mpiexec, or torchrun on this host alone."""
     if method.launcher == "torchrun":
-        return [*torchrun_here(np_), "-m", "hvdlite.bench", *method.args]
+        return [*torchrun_here(np_), "-m", "bench", *method.args]
     if method.launcher != "mpiexec":
         raise ValueError(f"unknown launcher {method.launcher!r}: mpiexec or torchrun")
-    return [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
+    return [mpiexec_path(), "-n", str(np_), sys.executable, "-m", "bench",
             *method.args]
 
 
@@ -80,7 +80,7 @@ def launch(method: Method, np_: int, timeout_s: float = 900.0) -> dict:
     command = command_for(method, np_)
     # torchrun's agent leaves a torchelastic_* folder in TMPDIR per job: one of the
     # launch's own, removed after it.
-    with tempfile.TemporaryDirectory(prefix="hvdlite-bench-launch-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         if method.launcher == "torchrun":
             env["TMPDIR"] = scratch
         done = subprocess.run(command, capture_output=True, text=True, env=env,

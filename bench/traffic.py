@@ -1,6 +1,6 @@
 """Parameter server against ring: bytes moved per rank, measured and predicted.
 
-    mpiexec -n 4 python -m hvdlite.bench traffic [--mib 4] [--json]
+    mpiexec -n 4 python -m bench traffic [--mib 4] [--json]
 
 For one float32 buffer of N bytes it runs an allreduce with ``ps``, ``ring`` and
 MPI's own ``MPI_Allreduce`` (time only: MPI chooses its algorithm) and reads the
@@ -21,7 +21,7 @@ as fast: its two ranks send at the same time, while the server's push and pull
 phases follow each other.)
 
 and writes a plot of both (``--plot``; matplotlib Agg). The formulas are the
-scaling forecast's (``python -m hvdlite.bench forecast``), written once there.
+scaling forecast's (``python -m hvdlite.forecast``), written once there.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import hvdlite as hvd
 from hvdlite.api import scaling_model
 from hvdlite.api.control import reconfigure
 from hvdlite.api.scaling_model import formula_bytes
-from hvdlite.bench.timing import seconds_per_call
+from bench.timing import seconds_per_call
 
 ALGORITHMS = ("ps", "ring", "mpi")
 FORMULAS = {"ps": "N(P-1) at the server (workers: N)", "ring": "2N(P-1)/P on every rank",
@@ -138,7 +138,7 @@ def plot(model: Sequence[dict[str, Any]], measured: Sequence[dict[str, Any]], pa
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench traffic",
+    parser = argparse.ArgumentParser(prog="python -m bench traffic",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=4.0, help="buffer size N (MiB)")
     parser.add_argument("--bandwidth", type=float, default=10.0, help="link GB/s for the model")

@@ -2,8 +2,8 @@
 against torch.distributed's NCCL, and the training step of a small ResNet with
 hvdlite's DistributedOptimizer against plain torch and DDP.
 
-    mpiexec -n 1 python -m hvdlite.bench gpu        # world size 1, one GPU
-    torchrun --nproc_per_node=1 -m hvdlite.bench gpu   # the same under torchrun
+    mpiexec -n 1 python -m bench gpu        # world size 1, one GPU
+    torchrun --nproc_per_node=1 -m bench gpu   # the same under torchrun
 
 Every figure is the median over interleaved rounds (each round times every
 method once, in turn), with the spread (min-max) beside it.
@@ -129,7 +129,7 @@ def _workload(name: str) -> tuple[Callable[[], Any], Callable[[Any], Any], str]:
         y = torch.randint(0, 10, (128,), device="cuda")
         return (_resnet, lambda model: torch.nn.functional.cross_entropy(model(x), y),
                 "ResNet (4 blocks, 64 channels), batch 128 of 32x32")
-    from hvdlite.bench import models
+    from bench import models
     _, (ids, targets) = models.build("transformer")
     ids, targets = ids.cuda(), targets.cuda()
     return (lambda: models.build("transformer")[0].cuda(),
@@ -181,7 +181,7 @@ def _training_table(rounds: int, steps: int, name: str) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench gpu")
+    parser = argparse.ArgumentParser(prog="python -m bench gpu")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)

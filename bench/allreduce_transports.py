@@ -2,10 +2,10 @@
 mpiexec) and on torch.distributed's Gloo (under torchrun), each beside its transport's
 own raw op (mpi4py's; torch.distributed's all_reduce over Gloo, what DDP runs on).
 
-    python -m hvdlite.bench allreduce --transports mpi torch --np 2 --rounds 5
+    python -m bench allreduce --transports mpi torch --np 2 --rounds 5
 
 Not itself under a launcher: it launches ``allreduce-worker`` once per transport per
-round, interleaved (hvdlite/bench/launches.py), and prints medians with their spread
+round, interleaved (bench/launches.py), and prints medians with their spread
 and the Gloo transport's speed against MPI's hvdlite and against raw Gloo. Figures:
 the lone 4-byte op after an idle gap, one large allreduce (``--max-mib``, 64 MiB by
 default), and 200 async 4 KiB allreduces.
@@ -18,9 +18,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hvdlite.bench import launches
-from hvdlite.bench.timing import lone_median, seconds_per_call
-from hvdlite.bench.world import TorchComm, bench_comm, under_torchrun
+from bench import launches
+from bench.timing import lone_median, seconds_per_call
+from bench.world import TorchComm, bench_comm, under_torchrun
 
 TRANSPORTS = {"mpi": "mpiexec", "torch": "torchrun"}
 # (key, what, unit scale, unit): each figure's row.
@@ -112,7 +112,7 @@ def _methods(transports: Sequence[str], args: argparse.Namespace) -> list[launch
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = _options(argparse.ArgumentParser(prog="python -m hvdlite.bench allreduce",
+    parser = _options(argparse.ArgumentParser(prog="python -m bench allreduce",
                                               description=__doc__.split("\n\n")[0]))
     parser.add_argument("--transports", nargs="+", choices=tuple(TRANSPORTS), required=True)
     parser.add_argument("--np", type=int, nargs="+", default=[2])

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.bench.timing import lone_median
+from bench.timing import lone_median
 from hvdlite.config import Config
 from hvdlite.core import waiting
 from hvdlite.core.cache import ResponseCache

@@ -13,7 +13,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from hvdlite.bench.timing import lone_median, seconds_per_call
+from bench.timing import lone_median, seconds_per_call
 
 if TYPE_CHECKING:     # imported where MPI launched the benchmark only: not under torchrun
     from mpi4py import MPI

@@ -5,13 +5,13 @@ against torch DDP over gloo (with
 Allreduce, step), in one run; and the same loop with no exchange at all ("no_comm"):
 on a machine whose ranks fill every core, that ceiling bounds what any method can reach.
 
-    python -m hvdlite.bench training          # runs np=1 and np=2 itself, prints the table
-    python -m hvdlite.bench training --np 2 4 --models transformer mlp \
+    python -m bench training          # runs np=1 and np=2 itself, prints the table
+    python -m bench training --np 2 4 --models transformer mlp \
         --methods hvdlite autotune ddp_gloo hand_fused no_comm
 
 Each method and model runs in its own mpiexec launch (``hvdlite_gloo``: hvdlite under
 torchrun, on the torch transport over Gloo), rounds interleave the
-methods, and the table gives medians with their spread (hvdlite/bench/launches.py).
+methods, and the table gives medians with their spread (bench/launches.py).
 Beside samples/s: each method's peak resident memory (the largest rank) and its CPU
 seconds per step by thread (the training thread, hvdlite's engine, and helper
 threads: MPI's, gloo's), read from /proc over the timed steps, averaged over ranks;
@@ -33,12 +33,12 @@ import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from hvdlite.bench import launches
-from hvdlite.bench.gloo import gloo_group
-from hvdlite.bench.models import BATCH, MODELS, build, loss
-from hvdlite.bench.threads import ThreadClock, peak_rss_mib
-from hvdlite.bench.timing import seconds_per_call
-from hvdlite.bench.world import bench_comm, under_torchrun
+from bench import launches
+from bench.gloo import gloo_group
+from bench.models import BATCH, MODELS, build, loss
+from bench.threads import ThreadClock, peak_rss_mib
+from bench.timing import seconds_per_call
+from bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
            "fused_handoff", "fused_negotiated", "no_comm")
@@ -139,7 +139,7 @@ def _run_hand_fused(name: str, measured: Measured, seconds: float,
     import numpy as np
     import torch
     from mpi4py import MPI
-    from hvdlite.bench import floor as floors
+    from bench import floor as floors
     comm = measured.comm
     model, data = build(name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -275,7 +275,7 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench training",
+    parser = argparse.ArgumentParser(prog="python -m bench training",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -299,7 +299,7 @@ def main(argv: Sequence[str]) -> None:
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="hvdlite-bench-report-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
         report_dir = scratch if args.report_cost else None    # the reports are not kept
         for np_ in args.np:
             for model in args.models:

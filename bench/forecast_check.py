@@ -1,6 +1,6 @@
 """The forecast on this machine: from a one-rank run, forecast two ranks, then measure them.
 
-    python -m hvdlite.bench forecast-check [--models mlp transformer] [--rounds 3]
+    python -m bench forecast-check [--models mlp transformer] [--rounds 3]
 
 1. The link: ``bench traffic`` at np=2 times hvdlite's ring on buffers of --mib sizes;
    a least-squares fit of t = 2(P-1) alpha + 2(P-1)/P N/B gives this machine's alpha
@@ -14,7 +14,7 @@
    ranks slow each other's compute, which the model does not have), and the exposed
    communication forecast against the one the two-rank report measured.
 
-Each launch is its own mpiexec (hvdlite/bench/launches.py); progress goes to stderr.
+Each launch is its own mpiexec (bench/launches.py); progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ import tempfile
 from typing import Any, Sequence
 
 from hvdlite.api import scaling_model as model
-from hvdlite.bench import launches, training
+from bench import launches, training
 
 
 def traffic_rows(np_: int, mib: float, seconds: float, scratch: str) -> list[dict[str, Any]]:
     """One ``bench traffic --json`` launch: its measured rows."""
-    command = [launches.mpiexec_path(), "-n", str(np_), sys.executable, "-m", "hvdlite.bench",
+    command = [launches.mpiexec_path(), "-n", str(np_), sys.executable, "-m", "bench",
                "traffic", "--json", "--mib", str(mib), "--seconds", str(seconds), "--plot",
                os.path.join(scratch, "traffic.png")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600,
@@ -159,7 +159,7 @@ def render(link: model.Link, comm: list[dict[str, Any]], models: list[dict[str, 
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench forecast-check",
+    parser = argparse.ArgumentParser(prog="python -m bench forecast-check",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=training.MODELS, default=["mlp"])
     parser.add_argument("--rounds", type=int, default=3)

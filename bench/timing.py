@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hvdlite.bench.world import slowest as _slowest
+from bench.world import slowest as _slowest
 
 
 def seconds_per_call(step: Callable[[], None], seconds: float, comm: Any,

@@ -2,7 +2,7 @@
 (Sergeev and Del Balso, "Horovod: fast and easy distributed deep learning in
 TensorFlow", arXiv 1802.05799, section 8, figures 6 and 7).
 
-    python -m hvdlite.bench forecast --paper
+    python -m hvdlite.forecast --paper
 
 The setting, each input with where it comes from:
 

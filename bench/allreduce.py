@@ -1,7 +1,7 @@
 """Allreduce benchmark: hvdlite's backends against raw mpi4py, in one run.
 
-    mpiexec -n 2 python -m hvdlite.bench allreduce
-    python -m hvdlite.bench allreduce --transports mpi torch   # MPI beside Gloo (no mpiexec)
+    mpiexec -n 2 python -m bench allreduce
+    python -m bench allreduce --transports mpi torch   # MPI beside Gloo (no mpiexec)
 
 Every figure is the slowest rank's mean time per op over a timed loop of about
 ``--seconds`` (after warm-up), so ratios compare like with like on the same
@@ -18,9 +18,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.bench import gloo
-from hvdlite.bench.floor import handoff_floor, lone_median, negotiated_floor
-from hvdlite.bench.timing import seconds_per_call
+from bench import gloo
+from bench.floor import handoff_floor, lone_median, negotiated_floor
+from bench.timing import seconds_per_call
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
 from hvdlite.core.defaults import describe_bytes
@@ -65,7 +65,7 @@ def _lone_op(comm: MPI.Comm, repeats: int, idle_s: float) -> None:
     of a step after compute, when the engine has gone idle. Median over repeats of
     the slowest rank's time, and the engine's idle CPU use; beside it the floor of any
     design where one thread talks to MPI, without and with a negotiation round
-    (hvdlite/bench/floor.py)."""
+    (bench/floor.py)."""
     tiny = np.zeros(1, dtype=np.float32)
     raw = lone_median(comm, lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM),
                       repeats, idle_s)
@@ -204,7 +204,7 @@ def say(text: str) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdlite.bench allreduce",
+    parser = argparse.ArgumentParser(prog="python -m bench allreduce",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-mib", type=int, default=64, help="largest size (MiB)")
     parser.add_argument("--seconds", type=float, default=0.3, help="timed loop per cell")

@@ -1,1 +1,0 @@
-"""Benchmarks: ``mpiexec -n 2 python -m hvdlite.bench allreduce``."""
