@@ -3,8 +3,8 @@
 - ``<!-- generated: configuration -->`` in a page becomes the table of every setting
   in ``hvdlite/config.py`` (``OPTIONS``): each ``HVDLITE_*`` variable, every Horovod
   name it honours (``Option.aliases``), its type, default and meaning.
-- ``<!-- generated: hvdliterun_help -->`` and ``hvdlite_jobs_help``: the commands'
-  ``--help``, as they print it.
+- ``<!-- generated: hvdliterun_help -->``, ``hvdlite_jobs_help`` and
+  ``hvdlite_forecast_help``: the commands' ``--help``, as they print it.
 - ``<!-- generated: ops -->`` becomes the op set every binding generates from its
   adapter (``hvdlite.api.binding.OP_NAMES``), with each signature read from
   ``hvdlite`` itself (the ops are made at import, which static analysis cannot see).
@@ -181,9 +181,15 @@ def hvdlite_jobs_help() -> str:
     return _help(jobs.main)
 
 
+def hvdlite_forecast_help() -> str:
+    from hvdlite import forecast
+    return _help(forecast.main)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "hvdliterun_help": hvdliterun_help,
     "hvdlite_jobs_help": hvdlite_jobs_help,
+    "hvdlite_forecast_help": hvdlite_forecast_help,
     "configuration": configuration_table,
     "horovod_names": horovod_names_table,
     "ops": ops_reference,

@@ -50,6 +50,8 @@ def test_the_site_runs_the_generators() -> None:
     page = (DOCS / "configuration.md").read_text()
     assert "<!-- generated: configuration -->" in page
     assert "<!-- generated: ops -->" in (DOCS / "api" / "hvdlite.md").read_text()
+    forecast = (DOCS / "guide" / "forecast.md").read_text()
+    assert "<!-- generated: hvdlite_forecast_help -->" in forecast
 
 
 def test_the_configuration_table_has_a_row_per_config_field() -> None:
@@ -87,6 +89,8 @@ def test_the_generated_op_set_covers_op_names() -> None:
 def test_the_commands_help_is_generated() -> None:
     assert "--elastic" in HOOKS.hvdliterun_help() and "-np NP" in HOOKS.hvdliterun_help()
     assert "srun-mpi" in HOOKS.hvdlite_jobs_help()
+    forecast_help = HOOKS.hvdlite_forecast_help()
+    assert "python -m hvdlite.forecast" in forecast_help and "--paper" in forecast_help
 
 
 def test_an_unknown_generation_marker_fails_the_build() -> None:
