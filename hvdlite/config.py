@@ -201,9 +201,10 @@ class Config:
 
     peer_timeout: float = knob(
         20.0, parse_nonneg_float, OWN,
-        "Seconds a negotiation round may wait on a rank that does not answer before "
-        "every other rank fails with PeerLostError naming it (a frozen, stopped or "
-        "unreachable process). A rank whose process has ended is reported within "
+        "Seconds the ranks wait on a rank that does not answer, whether they negotiate "
+        "or are inside a data collective with it, before every other rank fails with "
+        "PeerLostError naming it (a frozen, stopped or unreachable process). A rank "
+        "whose process has ended is reported within "
         "about a second when it ran on the same host, also in the middle of a data "
         "collective. 0 disables the timeout (ended "
         "processes are still reported).")

@@ -46,6 +46,7 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Done, HostBackend
+from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
 
 _TAG_HALVE, _TAG_DOTS, _TAG_GATHER = 81, 82, 83
@@ -144,8 +145,7 @@ class AdasumBackend(HostBackend):
             mid = lo + (hi - lo) // 2
             keep, send = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
             theirs = self._receive_buffer(buf.dtype, keep[1] - keep[0])
-            comm.Sendrecv(buf[send[0]:send[1]], dest=rank ^ level, sendtag=_TAG_HALVE,
-                          recvbuf=theirs, source=rank ^ level, recvtag=_TAG_HALVE)
+            _exchange(comm, buf[send[0]:send[1]], theirs, rank ^ level, _TAG_HALVE)
             mine = buf[keep[0]:keep[1]]
             dot, mine_sq, theirs_sq = _partials(mine, theirs)
             # Order as (dot, |left|^2, |right|^2) so the group's sums agree on which is a.
@@ -174,9 +174,7 @@ class AdasumBackend(HostBackend):
             # By the rank bit, not the bounds: a range of one element halves into an
             # empty half and a full one, whose starts coincide.
             other = (outer_lo, lo) if rank & level else (hi, outer_hi)
-            comm.Sendrecv(buf[lo:hi], dest=rank ^ level, sendtag=_TAG_GATHER,
-                          recvbuf=buf[other[0]:other[1]], source=rank ^ level,
-                          recvtag=_TAG_GATHER)
+            _exchange(comm, buf[lo:hi], buf[other[0]:other[1]], rank ^ level, _TAG_GATHER)
             lo, hi = outer_lo, outer_hi
             level >>= 1
 
@@ -187,11 +185,17 @@ def _group_sum(comm: MPI.Comm, rank: int, values: np.ndarray, level: int) -> Any
     received = np.empty_like(values)
     step = 1
     while step <= level:
-        comm.Sendrecv(values, dest=rank ^ step, sendtag=_TAG_DOTS,
-                      recvbuf=received, source=rank ^ step, recvtag=_TAG_DOTS)
+        _exchange(comm, values, received, rank ^ step, _TAG_DOTS)
         values = values + received
         step <<= 1
     return values
+
+
+def _exchange(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, partner: int,
+              tag: int) -> None:
+    """MPI_Sendrecv with one partner, waited on in waits.wait_all."""
+    wait_all([comm.Irecv(recv, source=partner, tag=tag),
+              comm.Isend(send, dest=partner, tag=tag)])
 
 
 def _moved(itemsize: int, ranges: list[tuple[int, int]]) -> int:

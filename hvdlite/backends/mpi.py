@@ -7,6 +7,11 @@ bandwidth-optimal algorithm moves per rank: 2N(P-1)/P each way for an
 allreduce of N bytes, N - (own share) for a reduce-scatter and an allgather,
 the pairwise bytes of an alltoall, and N received (sent by the root) for a
 broadcast.
+
+Each collective is MPI's nonblocking one, waited on in ``waits.wait_all``: on the
+engine's thread a peer that stops answering inside it is found and named, where a
+blocking call would hang (hvdlite/backends/waits.py). Measured against the blocking
+calls, the same speed at every size (BENCHMARKS.md, "data collectives are waited on").
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Buffer, Done, HostBackend, offsets
+from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
 
 MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
@@ -41,7 +47,7 @@ class MpiBackend(HostBackend):
         comm = self._comms[set_id]
         size = comm.Get_size()
         if size > 1 and buf.size:
-            comm.Allreduce(source, buf, op=MPI_OPS[op])
+            wait_all([comm.Iallreduce(source, buf, op=MPI_OPS[op])])
         elif source is not MPI.IN_PLACE:
             buf[...] = source
         estimate = 2 * buf.nbytes * (size - 1) // size
@@ -50,15 +56,15 @@ class MpiBackend(HostBackend):
 
     def allgather(self, set_id: int, send: Buffer, recv: Buffer,
                   counts: Sequence[int]) -> Done:
-        self._comms[set_id].Allgatherv([send, MPI.BYTE],
-                                       [recv, (list(counts), offsets(counts)), MPI.BYTE])
+        wait_all([self._comms[set_id].Iallgatherv(
+            [send, MPI.BYTE], [recv, (list(counts), offsets(counts)), MPI.BYTE])])
         others = sum(counts) - send.nbytes
         self.traffic.add("allgather", others, others)
         return DONE
 
     def broadcast(self, set_id: int, buf: Buffer, root: int) -> Done:
         comm = self._comms[set_id]
-        comm.Bcast([buf, MPI.BYTE], root=root)
+        wait_all([comm.Ibcast([buf, MPI.BYTE], root=root)])
         if comm.Get_size() > 1:
             is_root = comm.Get_rank() == root
             self.traffic.add("broadcast", buf.nbytes if is_root else 0,
@@ -68,9 +74,9 @@ class MpiBackend(HostBackend):
     def alltoall(self, set_id: int, send: Buffer, send_counts: Sequence[int],
                  recv: Buffer, recv_counts: Sequence[int]) -> Done:
         comm = self._comms[set_id]
-        comm.Alltoallv(
+        wait_all([comm.Ialltoallv(
             [send, (list(send_counts), offsets(send_counts)), MPI.BYTE],
-            [recv, (list(recv_counts), offsets(recv_counts)), MPI.BYTE])
+            [recv, (list(recv_counts), offsets(recv_counts)), MPI.BYTE])])
         me = comm.Get_rank()
         self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
                          sum(recv_counts) - recv_counts[me])
@@ -82,7 +88,7 @@ class MpiBackend(HostBackend):
         if comm.Get_size() == 1:
             out[...] = buf[: counts[0]]
         else:
-            comm.Reduce_scatter(buf, out, recvcounts=list(counts), op=MPI_OPS[op])
+            wait_all([comm.Ireduce_scatter(buf, out, recvcounts=list(counts), op=MPI_OPS[op])])
             others = buf.nbytes - out.nbytes
             self.traffic.add("reducescatter", others, others)
         return DONE

@@ -22,6 +22,7 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, ScratchPair
+from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
 
 _TAG_PUSH, _TAG_PULL = 91, 92
@@ -50,8 +51,8 @@ class ParameterServerBackend(HostBackend):
                 self._serve(comm, buf, op)
                 moved = buf.nbytes * (size - 1)
             else:
-                comm.Send(buf, dest=SERVER, tag=_TAG_PUSH)
-                comm.Recv(buf, source=SERVER, tag=_TAG_PULL)
+                wait_all([comm.Isend(buf, dest=SERVER, tag=_TAG_PUSH)])
+                wait_all([comm.Irecv(buf, source=SERVER, tag=_TAG_PULL)])
                 moved = buf.nbytes
         self.traffic.add("allreduce", moved, moved)
         return DONE
@@ -62,9 +63,9 @@ class ParameterServerBackend(HostBackend):
         workers = [r for r in range(size) if r != SERVER]
         pending = comm.Irecv(scratch[0], source=workers[0], tag=_TAG_PUSH)
         for i in range(len(workers)):
-            pending.Wait()
+            wait_all([pending])
             if i + 1 < len(workers):    # the next worker's buffer arrives during this reduction
                 pending = comm.Irecv(scratch[(i + 1) % 2], source=workers[i + 1], tag=_TAG_PUSH)
             ufunc(buf, scratch[i % 2], out=buf)
-        MPI.Request.Waitall([comm.Isend(buf, dest=w, tag=_TAG_PULL) for w in workers])
+        wait_all([comm.Isend(buf, dest=w, tag=_TAG_PULL) for w in workers])
 

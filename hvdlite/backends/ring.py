@@ -4,7 +4,8 @@ Reduce-scatter then allgather, 2(P-1) steps, each rank sending 2(P-1)/P of
 the buffer in total: bandwidth-optimal. Messages are cut into chunks of
 HVDLITE_RING_CHUNK bytes and received into two persistent scratch chunks, so
 the reduction of one chunk overlaps the transfer of the next and no step
-allocates (and page-faults) a fresh temporary.
+allocates (and page-faults) a fresh temporary. Every wait is ``waits.wait_all``'s (a
+peer that stops answering is found there).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
 
 from hvdlite.backends.base import (DONE, UFUNCS, Done, HostBackend, ScratchPair, even_counts,
                                    segment_bounds)
+from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
 
 _TAG_REDUCE, _TAG_GATHER = 71, 72
@@ -113,11 +115,11 @@ class RingBackend(HostBackend):
             pieces = chunk_bounds(*bounds[recv_seg], chunk)
             pending = self._post_recv(comm, scratch[0], pieces, 0, left) if pieces else None
             for i, (s, e) in enumerate(pieces):
-                pending.Wait()
+                wait_all([pending])
                 if i + 1 < len(pieces):
                     pending = self._post_recv(comm, scratch[(i + 1) % 2], pieces, i + 1, left)
                 ufunc(source[s:e], scratch[i % 2][: e - s], out=buf[s:e])
-            MPI.Request.Waitall(sends)
+            wait_all(sends)
         return sent, received
 
     @staticmethod
@@ -140,5 +142,5 @@ class RingBackend(HostBackend):
                         for s, e in chunk_bounds(*bounds[recv_seg], chunk)]
             requests += [comm.Isend(buf[s:e], dest=right, tag=_TAG_GATHER)
                          for s, e in chunk_bounds(*bounds[send_seg], chunk)]
-            MPI.Request.Waitall(requests)
+            wait_all(requests)
         return sent, received

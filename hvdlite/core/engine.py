@@ -27,6 +27,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from hvdlite.backends import registry as backends_registry
+from hvdlite.backends import waits
 from hvdlite.config import sources as config_sources
 from hvdlite.core import (deadlock, defaults, exit_guard, liveness, outputs,
                           settings_agreement, stall, waiting)
@@ -167,6 +168,8 @@ class Engine(Stoppable):
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged
+        # Waits inside data collectives tick as a round's do (hvdlite/backends/waits.py).
+        waits.watch(self._while_waiting, liveness.TICK_S)
         if self.config.exit_guard:
             exit_guard.spawn(os.environ, self.config.peer_timeout)
         if (self.config.timeline_path and self.topology.rank == 0
@@ -249,8 +252,9 @@ class Engine(Stoppable):
         return vector
 
     def _while_waiting(self, started: float, now: float) -> None:
-        """A round has been incomplete for a tick: run what otherwise runs only
-        between rounds (the stall inspector), and look for a peer that is gone."""
+        """A round or a data collective has been incomplete for a tick: run what
+        otherwise runs only between rounds (the stall inspector), and look for a peer
+        that is gone (raises RoundAbandoned, which unwinds the wait)."""
         self._check_stalls()
         stall.tell_stuck(self._stall_messages, self._stalls_told)
         message = self._liveness.check(started, now)

@@ -21,7 +21,9 @@ wakes its sleepers. That the data written before it is seen before it relies on 
 x86-64 memory model (stores are seen in order); elsewhere, and where the ranks do not
 share a host, ``open_node_memory`` returns None and the transport's own collective is
 used. A waiting rank checks its late peers' processes, so a peer that exited fails the
-allreduce within ``CHECK_S`` instead of hanging it.
+allreduce within ``CHECK_S`` instead of hanging it; on the engine's thread it also runs
+the engine's liveness tick, so a peer that stopped answering (SIGSTOP, a debugger) fails
+it after HVDLITE_PEER_TIMEOUT.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from hvdlite.backends import waits
 from hvdlite.backends.base import UFUNCS
 from hvdlite.core import futex
 from hvdlite.core.liveness import EXITED, Peer, identity, process_state
@@ -124,7 +127,8 @@ class NodeMemory:
     def _await(self, late: list[int], arrivals: int) -> None:
         """Until every rank of ``late`` has arrived ``arrivals`` times: yielding the core
         at first (peers here are usually microseconds away), then asleep on the
-        counter of the first late rank, checking the late ranks every CHECK_S."""
+        counter of the first late rank, checking the late ranks every CHECK_S (and,
+        on the engine's thread, running its liveness tick)."""
         counters = self._counters
         for _ in range(YIELD_SPINS):
             os.sched_yield()
@@ -141,6 +145,9 @@ class NodeMemory:
             now = time.monotonic()
             if late and now >= next_check:
                 self._check_peers(late, now - started)
+                # On the engine's thread, its liveness tick: a late peer that stopped
+                # answering is named after HVDLITE_PEER_TIMEOUT (hvdlite/backends/waits.py).
+                waits.tick_if_watched(started, now)
                 next_check = now + CHECK_S
 
     def _check_peers(self, late: Sequence[int], waited_s: float) -> None:

@@ -1,10 +1,11 @@
 """A peer lost while this rank's engine is blocked inside a data collective with it.
 
-liveness.py looks for lost peers while the engine waits on a negotiation round,
-which it polls. A data collective is one blocking MPI call (MPI_Allreduce, the
-ring's MPI_Wait): when a peer dies in the middle of one, the engine thread never
-comes back to look, and the job used to hang until the launcher acted, 30 s
-later under hydra (HVDLITE_PEER_TIMEOUT + exit_guard.MARGIN_S; issue 34).
+liveness.py looks for lost peers while the engine waits on a negotiation round, and
+inside the host backends' data collectives (hvdlite/backends/waits.py), once a wait is
+overdue. A call that blocks for good (a GPU backend's, a library's) never comes back
+to look, and a peer's death is worth reporting sooner than an overdue wait: under
+hydra the job used to hang until the launcher acted, 30 s later
+(HVDLITE_PEER_TIMEOUT + exit_guard.MARGIN_S).
 
 The sentinel is a thread asleep in poll() on a pidfd per peer on this host: the
 kernel wakes it the moment a peer's process ends, and nothing runs while every

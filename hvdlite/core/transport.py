@@ -20,7 +20,9 @@ What a transport provides, in the order the engine uses it:
 - liveness: ``liveness_channel`` gives pings and verdicts on a private context;
 - data: ``allreduce_array``, ``broadcast_array``, ``allgather_array`` and
   ``alltoall_array`` on host NumPy
-  buffers, for a transport-generic backend; ``native`` is what the host backends
+  buffers, for a transport-generic backend, each waited on through
+  hvdlite/backends/waits.py (on the engine's thread, with its liveness ticks: a peer
+  frozen inside one is found); ``native`` is what the host backends
   (hvdlite/backends) are opened on (for MPI: the mpi4py communicator);
 - the end: ``abort`` ends the whole job; ``failures`` are the exception types a call
   raises when the world broke underneath it (a peer died).

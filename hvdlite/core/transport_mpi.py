@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 from mpi4py import MPI
 
+from hvdlite.backends.waits import wait_all
 from hvdlite.core import mpi_init
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import UsageError
@@ -162,24 +163,25 @@ class MpiTransport:
 
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
         check_data_op(self.rank, op)
-        self.native.Allreduce(MPI.IN_PLACE, buf, op=_OPS[op])
+        wait_all([self.native.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])])
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
-        self.native.Bcast([buf, MPI.BYTE], root=root)
+        wait_all([self.native.Ibcast([buf, MPI.BYTE], root=root)])
 
     def allgather_array(self, send: np.ndarray, recv: np.ndarray,
                         counts: Sequence[int]) -> None:
         item = send.itemsize
         sizes = [int(c) * item for c in counts]
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
-        self.native.Allgatherv([send, MPI.BYTE], [recv, (sizes, offsets), MPI.BYTE])
+        wait_all([self.native.Iallgatherv([send, MPI.BYTE],
+                                          [recv, (sizes, offsets), MPI.BYTE])])
 
     def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
                        recv: np.ndarray, recv_counts: Sequence[int]) -> None:
         item = send.itemsize
         out, into = [int(c) * item for c in send_counts], [int(c) * item for c in recv_counts]
-        self.native.Alltoallv([send, (out, _offsets(out)), MPI.BYTE],
-                              [recv, (into, _offsets(into)), MPI.BYTE])
+        wait_all([self.native.Ialltoallv([send, (out, _offsets(out)), MPI.BYTE],
+                                         [recv, (into, _offsets(into)), MPI.BYTE])])
 
     def abort(self, status: int) -> None:
         self.native.Abort(status)

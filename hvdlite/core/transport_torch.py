@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hvdlite.backends import waits
 from hvdlite.backends.handoff import HANDOFF
 from hvdlite.core.node_memory import NodeMemory, NodeRound, open_node_memory
 from hvdlite.core.store_channel import StoreChannel
@@ -54,13 +55,15 @@ class TorchPending:
 
     def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
         if not self._done and self._work.is_completed():
-            self.wait()
+            self._work.wait()       # returns at once, or raises the operation's failure
+            self._finish()
         return self._done
 
     def wait(self) -> None:
-        """Blocking, for the data collectives (the engine is inside one anyway)."""
-        self._work.wait()
-        self._finish()
+        """Until complete, for the data collectives: asleep, waking for the engine's
+        liveness ticks on its thread (hvdlite/backends/waits.py)."""
+        if not self._done:
+            waits.wait_blocked([self])
 
     def _finish(self) -> None:
         self._done = True

@@ -131,6 +131,38 @@ def allreduce_loop() -> None:
         hvd.allreduce(x, name="big")
 
 
+def frozen_in_allreduce() -> None:
+    """Every rank reduces 64 MiB again and again; rank FROZEN_RANK (-1: the last) stops
+    itself (SIGSTOP) on its engine's thread as its third 64 MiB allreduce begins, once
+    every rank has agreed to it: the others are inside that collective (MPI's, Gloo's or
+    the node's shared memory), waiting for it. Each survivor says how long its own
+    failing call lasted (it began before the stop: an upper bound on the time from the
+    stop), and exits normally."""
+    from hvdlite.core import executor
+    hvd.init()
+    _announce_pids()
+    victim = int(os.environ["FROZEN_RANK"]) % hvd.size()
+    if hvd.rank() == victim:
+        run_group, calls = executor.Executor._allreduce_group, []
+
+        def stop_in_the_third(self: executor.Executor, *args: object) -> None:
+            calls.append(None)
+            if len(calls) == 3:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            run_group(self, *args)
+
+        executor.Executor._allreduce_group = stop_in_the_third  # type: ignore[method-assign]
+    x = np.ones(16 << 20, dtype=np.float32)
+    for _ in range(100000):
+        start = time.monotonic()
+        try:
+            hvd.allreduce(x, op=hvd.Sum, name="big")
+        except hvd.PeerLostError as exc:
+            _say(f"PEER_LOST rank {hvd.rank()} after {time.monotonic() - start:.1f} s: {exc}")
+            return
+    _say(f"NO_ERROR rank {hvd.rank()}")
+
+
 def stall_while_round_stuck() -> None:
     """Rank 0 waits on a tensor the others never submit; once rank 0's coordinator
     has seen that, the others' engines freeze (their main thread holds the GIL in

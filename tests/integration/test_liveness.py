@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration import frozen
 from tests.mpirun import launcher, mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +162,21 @@ def test_a_frozen_peer_is_reported_after_the_timeout(np: int) -> None:
         assert "stopped answering for" in message and "SIGSTOP" in message, message
     assert elapsed < LOST_WITHIN_S, f"{elapsed:.1f} s"
     assert_nothing_left(output)           # the stopped rank too
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("victim", ["first", "last"])
+@pytest.mark.parametrize("np", [2, 4])
+def test_a_rank_stopped_inside_a_large_allreduce_is_a_lost_peer_on_every_other(
+        np: int, victim: str) -> None:
+    """The stopped rank's peers wait inside the 64 MiB allreduce (the ring's requests at
+    -n 2, MPI's own Iallreduce where ranks outnumber cores), not in negotiation."""
+    rank = 0 if victim == "first" else np - 1
+    command = [*mpiexec(np), sys.executable, "-m", "tests.integration.jobs",
+               "frozen_in_allreduce"]
+    output = frozen.run_frozen(command, np, rank, dict(os.environ))
+    frozen.check_survivors(output, np, rank)
+    assert_nothing_left(output)       # the exit guards too
 
 
 @pytest.mark.parametrize("np", [2, 4])

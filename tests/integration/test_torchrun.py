@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import pytest
 
 from hvdlite.runner.supervise import process_tree
+from tests.integration import frozen
 from tests.processes import free_port
 
 pytest.importorskip("torch.distributed", reason="torchrun needs torch")
@@ -199,6 +200,23 @@ def test_a_rank_that_exits_inside_a_shared_memory_allreduce_is_a_lost_peer() -> 
     for rank in (0, 2):
         lost = rf"LOST rank {rank}: rank {rank}: lost a peer: rank 1 \(pid \d+ on \S+\) exited"
         assert re.search(lost, output), output
+
+
+@pytest.mark.parametrize("victim", ["first", "last"])
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("setting", ["1", "0"], ids=["shm", "gloo"])
+def test_a_rank_stopped_inside_a_large_allreduce_is_a_lost_peer_on_every_other(
+        setting: str, nproc: int, victim: str) -> None:
+    """The MPI jobs' own program (tests/integration/jobs.py): the stopped rank's peers
+    wait inside the 64 MiB allreduce, in the node's shared memory (1) or in Gloo (0)."""
+    rank = 0 if victim == "first" else nproc - 1
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--monitor-interval=0.5", "--master_addr=127.0.0.1",
+               f"--master_port={free_port()}", "-m", "tests.integration.jobs",
+               "frozen_in_allreduce"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HVDLITE_SHARED_MEMORY=setting)
+    output = frozen.run_frozen(command, nproc, rank, env)
+    frozen.check_survivors(output, nproc, rank)
 
 
 def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() -> None:

@@ -8,9 +8,9 @@ arrive in order, a receive waits for its message (a missing one fails the test
 after ``TIMEOUT`` seconds instead of hanging it), a message longer than the
 receive buffer is an error and a shorter one fills its start. The collectives
 that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
-Alltoallv, Reduce_scatter) are exchanges through a shared slot per rank between
-two barriers, with MPI's semantics computed by NumPy, reducing in rank order
-(and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
+Alltoallv, Reduce_scatter, and their nonblocking forms, complete when called) are
+exchanges through a shared slot per rank between two barriers, with MPI's semantics
+computed by NumPy, reducing in rank order (and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
 a count that does not match the buffers is an error, as MPI would truncate,
 and so are overlapping send and receive buffers of Allgatherv and Alltoallv.
 :class:`RecordingComm` records the collectives called on it and does nothing.
@@ -30,7 +30,8 @@ TIMEOUT = 10.0
 
 
 class Request:
-    """A point-to-point request: ``Wait`` runs the receive's copy once."""
+    """A point-to-point request: ``Wait`` runs the receive's copy once; so does ``Test``,
+    which is then true (a nonblocking collective here completes as it is called)."""
 
     def __init__(self, complete: Callable[[], None] | None = None) -> None:
         self._complete = complete
@@ -39,6 +40,10 @@ class Request:
         if self._complete is not None:
             complete, self._complete = self._complete, None
             complete()
+
+    def Test(self) -> bool:  # noqa: N802
+        self.Wait()
+        return True
 
     @staticmethod
     def Waitall(requests: list[Request]) -> None:  # noqa: N802
@@ -181,6 +186,27 @@ class ThreadComm:
         start = sum(counts[: self.rank])
         recvbuf.reshape(-1)[...] = total[start: start + counts[self.rank]]
 
+    # The nonblocking forms the backends call: each completes before it returns.
+    def Iallreduce(self, *args: Any, **kwargs: Any) -> Request:  # noqa: N802
+        self.Allreduce(*args, **kwargs)
+        return Request()
+
+    def Ibcast(self, *args: Any, **kwargs: Any) -> Request:  # noqa: N802
+        self.Bcast(*args, **kwargs)
+        return Request()
+
+    def Iallgatherv(self, *args: Any, **kwargs: Any) -> Request:  # noqa: N802
+        self.Allgatherv(*args, **kwargs)
+        return Request()
+
+    def Ialltoallv(self, *args: Any, **kwargs: Any) -> Request:  # noqa: N802
+        self.Alltoallv(*args, **kwargs)
+        return Request()
+
+    def Ireduce_scatter(self, *args: Any, **kwargs: Any) -> Request:  # noqa: N802
+        self.Reduce_scatter(*args, **kwargs)
+        return Request()
+
 
 _UFUNCS = [(MPI.SUM, np.add), (MPI.PROD, np.multiply), (MPI.MIN, np.minimum),
            (MPI.MAX, np.maximum)]
@@ -255,7 +281,8 @@ def run_ranks(size: int, work: Callable[[ThreadComm], Any]) -> list[Any]:
 
 class RecordingComm:
     """A communicator of ``size`` ranks seen from ``rank`` whose collectives only
-    record their names (for what a backend counts and when it calls MPI at all)."""
+    record their names (for what a backend counts and when it calls MPI at all), and
+    return a completed request."""
 
     def __init__(self, size: int, rank: int = 0) -> None:
         self.size, self.rank = size, rank
@@ -270,4 +297,8 @@ class RecordingComm:
     def __getattr__(self, name: str) -> Callable[..., None]:
         if not name[:1].isupper():
             raise AttributeError(name)
-        return lambda *args, **kwargs: self.calls.append(name)
+
+        def record(*args: Any, **kwargs: Any) -> Request:
+            self.calls.append(name)
+            return Request()
+        return record
