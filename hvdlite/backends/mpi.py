@@ -10,8 +10,8 @@ broadcast.
 
 Each collective is MPI's nonblocking one, waited on in ``waits.wait_all``: on the
 engine's thread a peer that stops answering inside it is found and named, where a
-blocking call would hang (hvdlite/backends/waits.py). Measured against the blocking
-calls, the same speed at every size (BENCHMARKS.md, "data collectives are waited on").
+blocking call would hang (hvdlite/backends/waits.py). Measured at 2 ranks on an idle
+machine, an Iallreduce polled so takes as long as MPI_Allreduce from 4 B to 64 MiB.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs jobs.frozen_in_allreduce under a launcher (mpiexec, torchrun) and checks what the
+"""Runs jobs.frozen_in_collective under a launcher (mpiexec, torchrun) and checks what the
 survivors of its stopped rank say; for test_liveness.py and test_torchrun.py."""
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ def _kill(pid: int) -> None:
             pass
 
 
-def run_frozen(command: Sequence[str], np: int, victim: int, env: dict[str, str]) -> str:
-    """The job's output. Read until every survivor has reported its PeerLostError (or
-    JOB_LIMIT_S passed); then the stopped rank is killed, and the launcher must end."""
+def run_frozen(command: Sequence[str], np: int, victim: int, env: dict[str, str],
+               op: str = "allreduce") -> str:
+    """The job's output (``op``: jobs.frozen_in_collective's FROZEN_OP). Read until
+    every survivor has reported its PeerLostError (or JOB_LIMIT_S passed); then the
+    stopped rank is killed, and the launcher must end."""
     env = dict(env, PYTHONPATH=str(ROOT), HVDLITE_PEER_TIMEOUT=str(PEER_TIMEOUT_S),
-               FROZEN_RANK=str(victim))
+               FROZEN_RANK=str(victim), FROZEN_OP=op)
     proc = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     assert proc.stdout is not None

@@ -131,32 +131,39 @@ def allreduce_loop() -> None:
         hvd.allreduce(x, name="big")
 
 
-def frozen_in_allreduce() -> None:
-    """Every rank reduces 64 MiB again and again; rank FROZEN_RANK (-1: the last) stops
-    itself (SIGSTOP) on its engine's thread as its third 64 MiB allreduce begins, once
-    every rank has agreed to it: the others are inside that collective (MPI's, Gloo's or
-    the node's shared memory), waiting for it. Each survivor says how long its own
-    failing call lasted (it began before the stop: an upper bound on the time from the
-    stop), and exits normally."""
+def frozen_in_collective() -> None:
+    """Every rank runs one 64 MiB collective again and again (FROZEN_OP: "allreduce", or
+    "broadcast_object" of a 64 MiB object); rank FROZEN_RANK (-1: the last) stops itself
+    (SIGSTOP) on its engine's thread as the third one's data begins to move, once every
+    rank has agreed to it: the others are inside that collective (MPI's, Gloo's or the
+    node's shared memory), waiting for it. Each survivor says how long its own failing
+    call lasted (it began before the stop: an upper bound on the time from the stop),
+    and exits normally."""
     from hvdlite.core import executor
     hvd.init()
     _announce_pids()
     victim = int(os.environ["FROZEN_RANK"]) % hvd.size()
     if hvd.rank() == victim:
-        run_group, calls = executor.Executor._allreduce_group, []
+        run, moved = executor.Executor.run, []
 
-        def stop_in_the_third(self: executor.Executor, *args: object) -> None:
-            calls.append(None)
-            if len(calls) == 3:
-                os.kill(os.getpid(), signal.SIGSTOP)
-            run_group(self, *args)
+        def stop_in_the_third(self: executor.Executor, set_id: int, responses: list,
+                              *args: object) -> None:
+            if any(r.name in ("big", "big.data") for r in responses):
+                moved.append(None)
+                if len(moved) == 3:
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            run(self, set_id, responses, *args)
 
-        executor.Executor._allreduce_group = stop_in_the_third  # type: ignore[method-assign]
+        executor.Executor.run = stop_in_the_third  # type: ignore[method-assign]
     x = np.ones(16 << 20, dtype=np.float32)
+    broadcast = os.environ.get("FROZEN_OP") == "broadcast_object"
     for _ in range(100000):
         start = time.monotonic()
         try:
-            hvd.allreduce(x, op=hvd.Sum, name="big")
+            if broadcast:
+                hvd.broadcast_object(x, root_rank=hvd.size() - 1 - victim, name="big")
+            else:
+                hvd.allreduce(x, op=hvd.Sum, name="big")
         except hvd.PeerLostError as exc:
             _say(f"PEER_LOST rank {hvd.rank()} after {time.monotonic() - start:.1f} s: {exc}")
             return

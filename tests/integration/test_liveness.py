@@ -173,10 +173,22 @@ def test_a_rank_stopped_inside_a_large_allreduce_is_a_lost_peer_on_every_other(
     -n 2, MPI's own Iallreduce where ranks outnumber cores), not in negotiation."""
     rank = 0 if victim == "first" else np - 1
     command = [*mpiexec(np), sys.executable, "-m", "tests.integration.jobs",
-               "frozen_in_allreduce"]
+               "frozen_in_collective"]
     output = frozen.run_frozen(command, np, rank, dict(os.environ))
     frozen.check_survivors(output, np, rank)
     assert_nothing_left(output)       # the exit guards too
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("np", [2, 4])
+def test_a_rank_stopped_inside_a_broadcast_of_objects_is_a_lost_peer_on_every_other(
+        np: int) -> None:
+    """The others wait inside MPI's Ibcast of the 64 MiB pickled object."""
+    command = [*mpiexec(np), sys.executable, "-m", "tests.integration.jobs",
+               "frozen_in_collective"]
+    output = frozen.run_frozen(command, np, np - 1, dict(os.environ), op="broadcast_object")
+    frozen.check_survivors(output, np, np - 1)
+    assert_nothing_left(output)
 
 
 @pytest.mark.parametrize("np", [2, 4])

@@ -210,13 +210,23 @@ def test_a_rank_stopped_inside_a_large_allreduce_is_a_lost_peer_on_every_other(
     """The MPI jobs' own program (tests/integration/jobs.py): the stopped rank's peers
     wait inside the 64 MiB allreduce, in the node's shared memory (1) or in Gloo (0)."""
     rank = 0 if victim == "first" else nproc - 1
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--monitor-interval=0.5", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", "-m", "tests.integration.jobs",
-               "frozen_in_allreduce"]
     env = dict(os.environ, OMP_NUM_THREADS="1", HVDLITE_SHARED_MEMORY=setting)
-    output = frozen.run_frozen(command, nproc, rank, env)
+    output = frozen.run_frozen(_frozen_job(nproc), nproc, rank, env)
     frozen.check_survivors(output, nproc, rank)
+
+
+def test_a_rank_stopped_inside_a_broadcast_of_objects_is_a_lost_peer_on_every_other() -> None:
+    """The others wait inside Gloo's broadcast of the 64 MiB pickled object."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    output = frozen.run_frozen(_frozen_job(2), 2, 1, env, op="broadcast_object")
+    frozen.check_survivors(output, 2, 1)
+
+
+def _frozen_job(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--monitor-interval=0.5", "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}", "-m", "tests.integration.jobs",
+            "frozen_in_collective"]
 
 
 def test_the_stall_inspector_fails_every_rank_on_a_tensor_one_never_submits() -> None:

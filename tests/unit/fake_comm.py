@@ -10,9 +10,10 @@ receive buffer is an error and a shorter one fills its start. The collectives
 that hvdlite/backends/mpi.py calls (Allreduce, in place too, Bcast, Allgatherv,
 Alltoallv, Reduce_scatter, and their nonblocking forms, complete when called) are
 exchanges through a shared slot per rank between two barriers, with MPI's semantics
-computed by NumPy, reducing in rank order (and the pickled ``allgather`` and ``bcast`` that hvdlite/backends/nccl.py calls);
-a count that does not match the buffers is an error, as MPI would truncate,
-and so are overlapping send and receive buffers of Allgatherv and Alltoallv.
+computed by NumPy, reducing in rank order (and the pickled ``allgather`` and ``bcast``
+that hvdlite/backends/nccl.py calls); a count that does not match the buffers is an
+error, as MPI would truncate, and so are overlapping send and receive buffers of
+Allgatherv and Alltoallv.
 :class:`RecordingComm` records the collectives called on it and does nothing.
 """
 from __future__ import annotations
