@@ -39,6 +39,15 @@ class Lost(Exception):
     pass
 
 
+@pytest.fixture(autouse=True)
+def unwatched() -> None:
+    """Unit tests that run an engine's set-up on this thread (engine_rig) leave it
+    watched: each test here starts and ends without a watch."""
+    waits.watch(None)
+    yield
+    waits.watch(None)
+
+
 @pytest.fixture
 def ticks() -> list[tuple[float, float]]:
     """This thread's watch, recording each tick; removed after the test."""
