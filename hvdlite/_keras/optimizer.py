@@ -149,6 +149,8 @@ class _Distributed:
                       apply_averaged: Callable[[list[Any], list[Any]], Any]) -> Any:
         """Average ``grads`` (or accumulate them, averaging on every k-th call) and
         give the result to ``apply_averaged(grads, variables)``."""
+        self._hvdlite_reducer().agree_trained(variables, self._trainable_variables,
+                                              _variable_spec)
         if self._hvdlite.passes == 1:
             reduced = self._hvdlite_reduce(grads, variables)
             self._hvdlite_support.mark_step(reduced)
@@ -178,6 +180,10 @@ class _Distributed:
 
         due = keras.ops.equal(keras.ops.mod(self._hvdlite_passes.value, settings.passes), 0)
         keras.ops.cond(due, update, lambda: None)
+
+
+def _variable_spec(variable: Any) -> tuple:
+    return (str(variable.path), tuple(variable.shape), str(variable.dtype))
 
 
 def distributed_class(base: type, settings: Settings, support: ModuleType) -> type:

@@ -14,10 +14,11 @@ its variable as in one process (see ``Reducer.unused`` and ``Reducer.never``).
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 from hvdlite.api import autotune
 from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.variable_check import check_same_variables
 from hvdlite.errors import UsageError
 from hvdlite.reducer.buckets import Reducer, Spec
 from hvdlite.reducer.settings import Settings
@@ -32,6 +33,7 @@ class GradientLists:
         # By id; the dict keeps the variables alive, so their ids stay unique.
         self.local: dict[int, Any] = {}
         self._reducers: dict[Hashable, Reducer] = {}
+        self._trained_agreed: set[Hashable] = set()
         # HVDLITE_AUTOTUNE may try other bucket sizes: each change (on every rank, at the
         # same step boundary) lays the buckets out again at the next call.
         autotune.follow("bucket_bytes", self._bucket_bytes_changed)
@@ -62,6 +64,28 @@ class GradientLists:
             if grads[i] is not None and scale != 1.0:
                 grads[i] = self.scaled(grads[i], scale)
         return grads
+
+    def agree_trained(self, variables: Sequence[Any], known: Sequence[Any],
+                      spec: Callable[[Any], tuple]) -> None:
+        """Make sure every rank trains the same ones of ``known`` (an optimizer's
+        variables): ``variables`` are those this call trains. Two layers of one shape
+        frozen on different ranks give lists that the reducer's layout cannot tell
+        apart, and their gradients would be averaged together. Once per distinct list,
+        on every rank alike (the list changes when a layer freezes or unfreezes);
+        ``spec(variable)`` is its (name, shape, dtype)."""
+        if self.settings.outside() or self.settings.alone():
+            return
+        trained = {id(v) for v in variables}
+        key = tuple(sorted(trained))
+        if key in self._trained_agreed:
+            return
+        listed = [v for v in known if id(v) not in self.local]
+        listed_ids = {id(v) for v in listed}
+        listed += [v for v in variables if id(v) not in listed_ids and id(v) not in self.local]
+        check_same_variables([(*spec(v), id(v) in trained) for v in listed],
+                             self.settings.what, self.settings.process_set,
+                             f"{self.settings.what}.trained")
+        self._trained_agreed.add(key)
 
     def reduce_shared(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         """The shared variables' gradients, averaged (the framework's part)."""

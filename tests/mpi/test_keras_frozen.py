@@ -166,3 +166,25 @@ def test_ranks_that_freeze_different_layers_get_a_mismatch_error() -> None:
     _compile(model, hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)))
     with pytest.raises(hvd.MismatchError, match=rf"rank {hvd.rank()}: .*variables differ"):
         _fit(model, True, seed=1)
+
+
+def test_ranks_that_freeze_different_layers_of_one_shape_get_a_mismatch_error() -> None:
+    """Each rank's trained variables have the same shapes, in the same order, so only
+    which of the optimizer's variables each rank trains tells them apart: unnoticed,
+    one rank's 'left' gradients would be averaged with another's 'right' ones."""
+    if hvd.size() < 2:
+        pytest.skip("needs two ranks to differ")
+    keras.utils.set_random_seed(1234)
+    inputs = keras.layers.Input((5,), dtype="float64")
+    left = keras.layers.Dense(4, dtype="float64", name="left")(inputs)
+    right = keras.layers.Dense(4, dtype="float64", name="right")(inputs)
+    model = keras.Model(inputs, keras.layers.Add(dtype="float64")([left, right]))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(dtype="float64"))
+    x = np.random.default_rng(hvd.rank()).normal(size=(2 * PER_RANK, 5))
+    model.fit(x, x[:, :4], batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+    model.get_layer("left" if hvd.rank() == 0 else "right").trainable = False
+    model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError(dtype="float64"))
+    with pytest.raises(hvd.MismatchError, match=rf"rank {hvd.rank()}: .*variables differ"
+                                                r".*Freeze and unfreeze"):
+        model.fit(x, x[:, :4], batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
