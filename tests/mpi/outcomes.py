@@ -50,8 +50,10 @@ class _TorchChannel:
         # then a group of its own, made here, before any of hvdlite's, on every rank.
         if not dist.is_initialized():
             dist.init_process_group("gloo")
+        from hvdlite.backends.handoff import Handoff
         self._dist, self._group = dist, dist.new_group(backend="gloo")
         self.rank = dist.get_rank()
+        self._handoff = Handoff()
 
     def allgather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self._dist.get_world_size()
@@ -62,12 +64,19 @@ class _TorchChannel:
         import torch
         value = torch.tensor([code], dtype=torch.int64)
         self._dist.all_reduce(value, op=self._dist.ReduceOp.MAX, group=self._group)
+        # The job's last operation: Gloo's thread gives its reference back a moment
+        # after the call returns, taking the GIL, and had the interpreter begun to
+        # finalize by then, the rank would abort (exit -6). close() waits for it.
+        self._handoff.hold([value])
         return int(value.item())
 
     def close(self) -> None:
         """Every group torn down before the interpreter exits (left to exit-time
-        destructors, Gloo's threads have aborted a rank: exit code -6)."""
+        destructors, Gloo's threads have aborted a rank: exit code -6), and Gloo's
+        threads done with the tensors of the last operations (hvdlite/backends/handoff.py)."""
         self._dist.destroy_process_group()
+        if not self._handoff.await_released(30.0):
+            raise RuntimeError("Gloo still holds the outcome's tensor after 30 s")
 
     def idle_until_all_arrive(self) -> None:
         work = self._dist.barrier(group=self._group, async_op=True)
