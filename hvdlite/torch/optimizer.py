@@ -42,10 +42,11 @@ from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer.buckets import Reducer
 from hvdlite.reducer.settings import Groups, Settings
 from hvdlite.torch.adapter import TORCH
+from hvdlite.torch.grad_scaling import GradScalerSupport
 from hvdlite.torch.sparse import sparse_allreduce_async
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(GradScalerSupport, torch.optim.Optimizer):
     """Horovod's ``hvd.DistributedOptimizer(optimizer, named_parameters=...)``: the
     gradients are averaged across ranks while backward runs, then ``optimizer`` steps.
 
@@ -120,6 +121,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._densified: list[torch.Tensor] = []   # sparse_as_dense: made sparse again after
         self._synchronized = False
+        self._synchronized_for_scaler = False   # by GradScaler.step (grad_scaling.py)
         self._should_synchronize = True
         self._warned_double_sync = False
         # A rank outside the process set keeps its own gradients, as Horovod's: no
@@ -219,6 +221,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._reducer = None
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if self._synchronized:      # a new step's gradients: the last was synchronized
+            self._synchronized = self._synchronized_for_scaler = False   # and not stepped
         reducer = self._agreed_reducer()
         if reducer is None:
             return
@@ -357,13 +361,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = previous
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
-        if self._should_synchronize and self._synchronized:
+        if self._should_synchronize and self._synchronized and not self._synchronized_for_scaler:
             self._warn_step_after_synchronize()
         waiting = self._sparse_pending or (self._reducer is not None and self._reducer.pending)
         if self._should_synchronize and not (self._synchronized and not waiting):
             self.synchronize()
-        self._synchronized = False
-        loss = self._optimizer.step(closure)
+        self._synchronized = self._synchronized_for_scaler = False
+        with self._scaler_attributes_forwarded():
+            loss = self._optimizer.step(closure)
         recorder = _report.recorder()
         if recorder is not None:
             recorder.step_done()
