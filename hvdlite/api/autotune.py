@@ -53,7 +53,6 @@ _log = logging.getLogger("hvdlite")
 # method is held weakly (an optimizer that is dropped stops following), anything else
 # as given (wrapped so that both are called alike).
 FOLLOWERS: dict[str, list[Callable[[], Optional[Callable[[Any], None]]]]] = {}
-_TUNER: list["Tuner"] = []     # the running tuner, if any (a list: no global statement)
 
 
 def follow(setting: str, callback: Callable[[Any], None]) -> Callable[[], None]:
@@ -85,7 +84,7 @@ def followers(setting: str) -> list[Callable[[Any], None]]:
 
 def tuner() -> Optional["Tuner"]:
     """The tuner of this session (None without HVDLITE_AUTOTUNE)."""
-    return _TUNER[0] if _TUNER else None
+    return runtime.RUNTIME.tuner
 
 
 def finished() -> bool:
@@ -269,7 +268,7 @@ class _CsvLog:
 def _on_start(engine: Any, config: Any) -> None:
     """After the report's hook (this module imports it): a recorder to hear step
     boundaries, made here when no report asked for one."""
-    _TUNER.clear()
+    runtime.RUNTIME.tuner = None
     if not config.autotune:
         return
     if engine.topology.size == 1:
@@ -287,13 +286,13 @@ def attach(current: Tuner) -> Callable[[], None]:
     if recorder is None:
         recorder = runtime.RUNTIME.recorder = StepRecorder(lambda: (0.0, 0, 0, 0))
     recorder.listeners.append(current.step_done)
-    _TUNER[:] = [current]
+    runtime.RUNTIME.tuner = current
 
     def detach() -> None:
         if current.step_done in recorder.listeners:
             recorder.listeners.remove(current.step_done)
-        if _TUNER == [current]:
-            _TUNER.clear()
+        if runtime.RUNTIME.tuner is current:
+            runtime.RUNTIME.tuner = None
     return detach
 
 

@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 from hvdlite.api import runtime
 from hvdlite.core.recorder import StepRecorder
-from hvdlite.elastic import ledger
 from hvdlite.errors import HvdliteError
 
 _log = logging.getLogger("hvdlite")
@@ -123,15 +122,14 @@ def local_record(recorder: StepRecorder, gpu: GpuSampler) -> dict[str, Any]:
             "other_calls": recorder.other_calls, "total_bytes_sent": sent,
             "total_bytes_received": received, "rss_peak_bytes": int(rss),
             "gpu_mem_peak_bytes": gpu.mem_peak, "gpu_util": gpu.util(), "gpu_note": gpu.note,
-            "elastic": ledger.snapshot(runtime.engine().config),
+            **{key: record() for key, record in runtime.REPORT_RECORDS.items()},
             "settings": _settings_record()}
 
 
 def _settings_record() -> dict[str, Any]:
     """How the settings were chosen: the topology-aware defaults applied at init, and
     HVDLITE_AUTOTUNE's trials and choice (every rank holds rank 0's decisions)."""
-    from hvdlite.api import autotune    # (it imports this module)
-    current = autotune.tuner()
+    current = runtime.RUNTIME.tuner
     return {"defaults": list(runtime.engine().defaults_chosen),
             "autotune": None if current is None else current.summary()}
 

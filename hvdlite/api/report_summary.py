@@ -23,7 +23,6 @@ from typing import Any, Optional, Sequence
 
 from hvdlite.api import scaling_model
 from hvdlite.core import autotune
-from hvdlite.elastic import ledger
 from hvdlite.errors import ConfigError
 
 STRAGGLER_MIN_GAP_S = 0.005     # below 5 ms per step, scheduling noise on a shared host
@@ -213,11 +212,28 @@ def _findings(summary: dict[str, Any]) -> list[str]:
                      "MPI's or Gloo's, whose algorithm the library chooses, count what a "
                      "bandwidth-optimal algorithm moves)")
     if summary.get("elastic"):
-        lines.append(ledger.describe(summary["elastic"]))
+        lines.append(elastic_line(summary["elastic"]))
     lines += autotune.report_lines(summary.get("settings"))
     lines.append(_forecast_line(summary.get("forecast") or {}))
     lines.append(f"verdict: {summary['verdict']}")
     return lines
+
+
+def elastic_line(counts: dict[str, Any]) -> str:
+    """One line: 'elastic: 2 of 5 commits reached the disk (...); ... holds commit 4'."""
+    every = counts["persist_every"]
+    interval = (f" (every {_ordinal(every)}: HVDLITE_ELASTIC_PERSIST_EVERY={every})"
+                if every > 1 else "")
+    failed = f", {counts['failed']} failed to" if counts["failed"] else ""
+    held = "no commit" if counts["on_disk"] is None else f"commit {counts['on_disk']}"
+    return (f"elastic: {counts['written']} of {counts['commits']} commits reached the "
+            f"disk{interval}{failed}; HVDLITE_ELASTIC_DIR={counts['directory']} holds {held}")
+
+
+def _ordinal(number: int) -> str:
+    teens = 10 <= number % 100 <= 20
+    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
 
 
 def _forecast_line(made: dict[str, Any]) -> str:

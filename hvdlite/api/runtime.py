@@ -38,6 +38,7 @@ class Runtime:
     outputs: OutputPool = dataclasses.field(default_factory=lambda: OutputPool(0))
     recorder: Any = None      # core.recorder.StepRecorder while HVDLITE_REPORT or _AUTOTUNE is set
     gpu_sampler: Any = None   # its api.report.GpuSampler
+    tuner: Any = None         # api.autotune's Tuner while HVDLITE_AUTOTUNE runs
 
 
 RUNTIME = Runtime()
@@ -48,6 +49,9 @@ RUNTIME = Runtime()
 # runtime imports none of its users.
 START_HOOKS: list[Callable[["Engine", Config], None]] = []
 STOP_HOOKS: list[Callable[[], None]] = []
+# What a service adds to each rank's HVDLITE_REPORT record, by key: registered by the
+# service (elastic's commit ledger), so the report imports none of them either.
+REPORT_RECORDS: dict[str, Callable[[], Any]] = {}
 
 
 def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:

@@ -39,6 +39,7 @@ from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict
 from hvdlite.core.recorder import PeerWaitClock
 from hvdlite.core.requests import CACHEABLE, Kind, Request, Response
+from hvdlite.core.sentinel import Sentinel
 from hvdlite.core.stopping import Stoppable
 from hvdlite.core.timeline import Timeline
 from hvdlite.core.topology import Topology, detect
@@ -163,8 +164,10 @@ class Engine(Stoppable):
         unusable = outputs.agree(self.transport, self.config)   # before anything is started
         self.executor.reconfigure(self.config)
         register_agreed_sets(self.registry, self.transport, self._initial_sets)
-        self._liveness = liveness.Liveness(self.transport, self.config, self._lost)
-        self._sentinel = self._liveness.sentinel
+        self._liveness = liveness.Liveness(self.transport, self.config)
+        self._sentinel = Sentinel(self._liveness.me, self._liveness.peers,
+                                  self._liveness.timeout, self._lost)
+        self._sentinel.start()
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
                                            self._doorbell, lambda: len(self._queue))
         self._stalls_told: set[int] = set()   # held stall errors already logged

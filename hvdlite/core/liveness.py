@@ -232,13 +232,11 @@ def error_message(me: int, what: str, reporter: Optional[int], timeout: float) -
 
 
 class Liveness:
-    """The engine's handle: one identity exchange at init, then check() while waiting
-    on a round, and the sentinel (sentinel.py) while inside a data collective, whose
-    ``on_loss(message)`` runs on the sentinel's thread."""
+    """The engine's handle: one identity exchange at init (``peers``, which the engine's
+    sentinel watches while inside a data collective: sentinel.py), then check() while
+    waiting on a round."""
 
-    def __init__(self, world: Transport, config: Any,
-                 on_loss: Optional[Callable[[str], None]] = None) -> None:
-        from hvdlite.core.sentinel import Sentinel   # it builds on this module
+    def __init__(self, world: Transport, config: Any) -> None:
         self.me = world.rank
         self.timeout = config.peer_timeout
         peers = world.allgather(identity(self.me))
@@ -249,9 +247,6 @@ class Liveness:
         tick = patient_tick_s(world.idle_tick_s, config.cycle_time)
         self.monitor = Monitor(self.me, peers, self.timeout, idle_tick_s=tick)
         self.channel = world.liveness_channel()
-        self.sentinel = Sentinel(self.me, peers, self.timeout, on_loss or (lambda _: None))
-        if on_loss is not None:
-            self.sentinel.start()
 
     def check(self, started: float, now: float) -> Optional[str]:
         """The PeerLostError message once a peer is lost (found here or reported by

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Optional
 
 from hvdlite.api import runtime
+from hvdlite.api.report_summary import elastic_line
 
 
 @dataclasses.dataclass
@@ -35,30 +36,18 @@ def snapshot(config: Any) -> Optional[dict[str, Any]]:
             **dataclasses.asdict(LEDGER)}
 
 
-def describe(counts: dict[str, Any]) -> str:
-    """One line: 'elastic: 2 of 5 commits reached the disk (...); ... holds commit 4'."""
-    every = counts["persist_every"]
-    interval = (f" (every {_ordinal(every)}: HVDLITE_ELASTIC_PERSIST_EVERY={every})"
-                if every > 1 else "")
-    failed = f", {counts['failed']} failed to" if counts["failed"] else ""
-    held = "no commit" if counts["on_disk"] is None else f"commit {counts['on_disk']}"
-    return (f"elastic: {counts['written']} of {counts['commits']} commits reached the "
-            f"disk{interval}{failed}; HVDLITE_ELASTIC_DIR={counts['directory']} holds {held}")
-
-
-def _ordinal(number: int) -> str:
-    teens = 10 <= number % 100 <= 20
-    suffix = "th" if teens else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
-    return f"{number}{suffix}"
-
-
 def _at_shutdown() -> None:
     """The end-of-job line, on rank 0 (the writer)."""
     current = runtime.RUNTIME
     config = current.engine.config if current.engine is not None else current.config
     counts = snapshot(config)
     if counts is not None and current.topology is not None and current.topology.rank == 0:
-        print(f"[hvdlite] {describe(counts)}", flush=True)
+        print(f"[hvdlite] {elastic_line(counts)}", flush=True)
+
+
+def _report_record() -> Optional[dict[str, Any]]:
+    return snapshot(runtime.engine().config)
 
 
 runtime.STOP_HOOKS.append(_at_shutdown)
+runtime.REPORT_RECORDS["elastic"] = _report_record
