@@ -165,6 +165,11 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("mpi2", "tests/mpi/test_torch_training.py tests/mpi/test_torch_api.py "
                  "tests/mpi/test_torch_parity.py tests/mpi/test_torch_optimizer.py"),
         ("mpi2", "tests/mpi/test_adasum.py -k optimizer")]),   # op=Adasum's own class
+    "hvdlite/torch/reduction.py": (400, [
+        ("mpi2", "tests/mpi/test_torch_frozen.py tests/mpi/test_torch_buckets.py "
+                 "tests/mpi/test_torch_optimizer.py tests/mpi/test_torch_grad_scaler.py")]),
+    "hvdlite/torch/grad_scaling.py": (100, [
+        ("mpi2", "tests/mpi/test_torch_grad_scaler.py")]),
     # The other bindings' optimizers: torch's Adasum optimizer, the TensorFlow tape and
     # gradient helpers, and Keras 3's DistributedOptimizer (TensorFlow backend), each
     # through the MPI tests that train with them.
