@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import array
 import atexit
-import datetime
 import functools
 import os
 import pickle
@@ -28,10 +27,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hvdlite.backends import waits
 from hvdlite.backends.handoff import HANDOFF
 from hvdlite.core.node_memory import NodeMemory, NodeRound, open_node_memory
 from hvdlite.core.store_channel import StoreChannel
+from hvdlite.core.torch_work import OPTIONS, TorchPending, TorchRound, block
 from hvdlite.core.transport import Await, check_data_op
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
@@ -39,82 +38,6 @@ from hvdlite.reduce_op import ReduceOp
 _GLOO_WIDER = {np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint16): np.dtype(np.int32),
                np.dtype(np.uint32): np.dtype(np.int64)}
 _SIGN64 = np.int64(-2**63)
-_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
-        ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
-
-
-class TorchPending:
-    """A torch Work as a Pending; holds the tensors the operation reads or writes until
-    it is complete, then HANDOFF holds them, until Gloo's thread has let go of them too
-    (hvdlite/backends/handoff.py). A failed operation raises from the ``Test`` that sees
-    it end."""
-
-    def __init__(self, work: Any, *keep: torch.Tensor) -> None:
-        self._work, self._keep = work, keep
-        self._done = False
-
-    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
-        if not self._done and self._work.is_completed():
-            self._work.wait()       # returns at once, or raises the operation's failure
-            self._finish()
-        return self._done
-
-    def wait(self) -> None:
-        """Until complete, for the data collectives: asleep, waking for the engine's
-        liveness ticks on its thread (hvdlite/backends/waits.py)."""
-        if not self._done:
-            waits.wait_blocked([self])
-
-    def _finish(self) -> None:
-        self._done = True
-        HANDOFF.hold(self._keep)
-        self._keep = ()
-
-    def wait_for(self, timeout_s: float) -> bool:
-        """Block up to ``timeout_s`` (at least 1 ms: torch counts whole milliseconds,
-        and 0 is no limit), the GIL released; True once complete."""
-        if self._done:
-            return True
-        try:
-            self._work.wait(datetime.timedelta(milliseconds=max(1, round(timeout_s * 1e3))))
-        except RuntimeError:
-            if not self._work.is_completed():     # timed out: torch raises for that too
-                return False
-            # It ended as the wait timed out: a wait now returns, or raises the
-            # operation's own failure.
-            self._work.wait()
-        self._finish()
-        return True
-
-
-def _reduce_options(op: Any) -> Any:
-    options = dist.AllreduceOptions()
-    options.reduceOp = op
-    return options
-
-
-# Made once: each round and each host reduction calls the group itself, not
-# dist.all_reduce, whose checks cost more than Gloo's own allreduce at one rank
-# (25 us against 17 us a call, measured here).
-_BAND = _reduce_options(dist.ReduceOp.BAND)
-_OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
-
-
-class TorchRound:
-    def __init__(self, group: Any, vector: array.array) -> None:
-        self._group, self._vector = group, vector
-
-    def start(self) -> TorchPending:
-        # The vector's own memory: the reduction lands where the engine reads it.
-        # int64, not uint64: Gloo's bitwise AND is the same on either. A tensor of each
-        # round's own, which only the round holds (hvdlite/backends/handoff.py).
-        tensor = torch.frombuffer(self._vector, dtype=torch.int64)
-        return TorchPending(self._group.allreduce([tensor], _BAND), tensor)
-
-    def free(self) -> None:
-        pass
-
-
 class TorchTransport:
     name = "gloo"
     failures: tuple[type[BaseException], ...] = (RuntimeError,)   # torch's DistBackendError too
@@ -162,11 +85,11 @@ class TorchTransport:
     # The small objects travel as bytes in tensors of hvdlite's own (not torch's
     # all_gather_object), which HANDOFF holds until Gloo has let go of them.
     def allgather(self, obj: Any) -> list[Any]:
-        parts = self._gather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), _block)
+        parts = self._gather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), block)
         return [pickle.loads(p) for p in parts]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self._bcast(obj, root, _block)
+        return self._bcast(obj, root, block)
 
     def _gather_bytes(self, data: bytes, wait: Await) -> list[bytes]:
         """Every rank's bytes, in our rank order, on every rank: Gloo's all_gather wants
@@ -282,7 +205,7 @@ class TorchTransport:
         if buf.dtype.kind == "c" and op is not ReduceOp.SUM:
             # Gloo sums complex numbers only: the others' arrays, multiplied here in rank
             # order (Min and Max of complex numbers the API refuses before this).
-            parts = self._gather_bytes(buf.tobytes(), _block)
+            parts = self._gather_bytes(buf.tobytes(), block)
             arrays = [np.frombuffer(p, dtype=buf.dtype).reshape(buf.shape) for p in parts]
             buf[...] = functools.reduce(np.multiply, arrays)
             return
@@ -307,7 +230,7 @@ class TorchTransport:
             self._allreduce(_tensor(buf, self.rank), op)
 
     def _allreduce(self, tensor: torch.Tensor, op: ReduceOp) -> None:
-        TorchPending(self.group.allreduce([tensor], _OPTIONS[op]), tensor).wait()
+        TorchPending(self.group.allreduce([tensor], OPTIONS[op]), tensor).wait()
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
         raw = torch.from_numpy(buf.reshape(-1).view(np.uint8))   # any dtype, as bytes
@@ -317,7 +240,7 @@ class TorchTransport:
     def allgather_array(self, send: np.ndarray, recv: np.ndarray,
                         counts: Sequence[int]) -> None:
         item = send.itemsize
-        parts = self._gather_bytes(send.tobytes(), _block)
+        parts = self._gather_bytes(send.tobytes(), block)
         if [len(p) for p in parts] != [int(c) * item for c in counts]:
             raise HvdliteError(f"rank {self.rank}: allgather counts {list(counts)} do not "
                                f"match the parts sent ({[len(p) // item for p in parts]})")
@@ -353,11 +276,6 @@ class TorchTransport:
     def abort(self, status: int) -> None:
         """End this process: torchrun's agent then stops every other rank of the job."""
         os._exit(status)
-
-
-def _block(pending: Sequence[TorchPending]) -> None:
-    for each in pending:
-        each.wait()
 
 
 def _reordered(raw: np.ndarray, sizes: Sequence[int], order: Sequence[int]) -> np.ndarray:

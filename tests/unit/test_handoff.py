@@ -104,13 +104,13 @@ def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> 
     """torch's own Work: while it lives it holds the tensor; once it is gone, nothing."""
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
-    from hvdlite.core import transport_torch
+    from hvdlite.core import torch_work
     group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
     book = Handoff()
-    monkeypatch.setattr(transport_torch, "HANDOFF", book)
+    monkeypatch.setattr(torch_work, "HANDOFF", book)
     out = np.zeros(5, dtype=np.float32)
     tensor = torch.from_numpy(out)
-    pending = transport_torch.TorchPending(group.allreduce([tensor]), tensor)
+    pending = torch_work.TorchPending(group.allreduce([tensor]), tensor)
     work = pending._work
     del tensor
     pending.wait()
@@ -153,9 +153,9 @@ def test_the_exit_hook_is_registered_once_whoever_made_the_groups(
 def test_a_completed_operation_keeps_its_tensors_no_longer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch.distributed")
-    from hvdlite.core import transport_torch
+    from hvdlite.core import torch_work
     book = Handoff()
-    monkeypatch.setattr(transport_torch, "HANDOFF", book)
+    monkeypatch.setattr(torch_work, "HANDOFF", book)
 
     class Work:
         def is_completed(self) -> bool:
@@ -164,7 +164,7 @@ def test_a_completed_operation_keeps_its_tensors_no_longer(
         def wait(self, timeout: Any = None) -> bool:
             return True
     gloo = Gloo(Tensor())
-    pending = transport_torch.TorchPending(Work(), *gloo.held)
+    pending = torch_work.TorchPending(Work(), *gloo.held)
     assert pending.Test() is True
     assert pending._keep == () and book._held == gloo.held
 

@@ -1,4 +1,4 @@
-"""transport_torch.TorchPending.wait_for over fake torch Work objects: a timed-out wait
+"""torch_work.TorchPending.wait_for over fake torch Work objects: a timed-out wait
 is False (torch raises for it), an operation that ends as the wait times out is True,
 and one that failed raises its own error."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-transport_torch = pytest.importorskip("hvdlite.core.transport_torch")
+torch_work = pytest.importorskip("hvdlite.core.torch_work")
 
 
 class Work:
@@ -37,7 +37,7 @@ class Work:
 
 def test_a_wait_that_times_out_is_false_then_true_once_the_work_ends() -> None:
     work = Work(ends_after=1)
-    pending = transport_torch.TorchPending(work)
+    pending = torch_work.TorchPending(work)
     assert pending.wait_for(0.1) is False
     assert pending.wait_for(0.0004) is True
     # Whole milliseconds, at least 1: torch reads 0 as no limit at all.
@@ -49,14 +49,14 @@ def test_a_wait_that_times_out_is_false_then_true_once_the_work_ends() -> None:
 
 def test_a_work_that_ends_as_its_wait_times_out_is_complete() -> None:
     work = Work(ends_after=1, ends_while_timing_out=True)
-    assert transport_torch.TorchPending(work).wait_for(0.05) is True
+    assert torch_work.TorchPending(work).wait_for(0.05) is True
     assert work.waits[1] is None              # looked at once more, without a limit
 
 
 def test_a_failed_work_raises_its_own_error_from_wait_for() -> None:
     failure = RuntimeError("Connection closed by peer [127.0.0.1]:29500")
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        transport_torch.TorchPending(Work(error=failure)).wait_for(0.1)
+        torch_work.TorchPending(Work(error=failure)).wait_for(0.1)
     late = Work(ends_after=1, ends_while_timing_out=True, error=failure)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        transport_torch.TorchPending(late).wait_for(0.1)
+        torch_work.TorchPending(late).wait_for(0.1)
