@@ -257,7 +257,10 @@ def _elastic_train(tmp_path: Path, name: str, **fault: str) -> tuple[str, dict]:
     out = tmp_path / f"{name}.json"
     output = torchrun("train", 2, module="tests.integration.elastic_jobs",
                       options=["--max-restarts=1"], timeout=240, HVDLITE_PEER_TIMEOUT="5",
-                      monitor_s=5 if fault else 0.5,   # the survivor says PeerLostError first
+                      # The survivor names the lost peer (PeerLostError) before the agent's
+                      # next look ends it: 20 s, as the lost-peer tests above, leaves room
+                      # for a loaded machine (5 s did not, under two busy loops).
+                      monitor_s=20 if fault else 0.5,
                       HVDLITE_ELASTIC_DIR=str(tmp_path / name), ELASTIC_OUT=str(out),
                       ELASTIC_MARKER=str(tmp_path / f"{name}.fired"), **fault)
     return output, json.loads(out.read_text())
