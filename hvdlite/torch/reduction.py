@@ -184,9 +184,15 @@ class GradientReduction:
             errors.extend(self._unlaid(reducer))
         for param, handle in self._sparse_pending.values():
             try:
-                param.grad = handle.result()
+                reduced = handle.result()
             except HvdliteError as error:
                 errors.append(error)
+                continue
+            # No row on any rank: the parameter was not used anywhere (a rank without
+            # a gradient sends none), so .grad is None, as in one process, and the
+            # optimizer skips it (SparseAdam would count a step for an empty one).
+            # Every rank holds the same result, so every rank decides alike.
+            param.grad = reduced if reduced._nnz() else None
         self._sparse_pending.clear()
         for param in self._densified:       # reduced dense; the optimizer (SparseAdam)
             param.grad = param.grad.to_sparse()   # expects the gradient it produced

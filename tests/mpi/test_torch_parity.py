@@ -5,6 +5,7 @@ object collectives on process sets. Size-agnostic."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -230,21 +231,26 @@ def test_optimizer_reduces_sparse_embedding_gradients_by_allgather() -> None:
         assert torch.allclose(mine.weight, reference.weight)
 
 
+def _sparse_adams(seed: int, **options: Any) -> tuple:
+    """Two copies of one sparse embedding: one trained here by a DistributedOptimizer
+    around SparseAdam (with ``options``), the other by SparseAdam alone, as reference."""
+    def model() -> "torch.nn.Module":
+        torch.manual_seed(seed)
+        return torch.nn.Embedding(8, 3, sparse=True).double()
+    mine, reference = model(), model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(mine.parameters()), lr=0.1),
+                                         named_parameters=mine.named_parameters(), **options)
+    return mine, reference, optimizer, torch.optim.SparseAdam(list(reference.parameters()),
+                                                              lr=0.1)
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
 def test_sparse_adam_takes_its_sparse_gradient_back(sparse_as_dense: bool) -> None:
     """SparseAdam refuses dense gradients: with sparse_as_dense the gradient is reduced
     dense and handed back sparse, as Horovod does. The result matches SparseAdam on
     the rank-averaged gradient, identically on every rank."""
     size, rank = hvd.size(), hvd.rank()
-
-    def model() -> "torch.nn.Module":
-        torch.manual_seed(5)
-        return torch.nn.Embedding(8, 3, sparse=True).double()
-    mine, reference = model(), model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(mine.parameters()), lr=0.1),
-                                         named_parameters=mine.named_parameters(),
-                                         sparse_as_dense=sparse_as_dense)
-    local = torch.optim.SparseAdam(list(reference.parameters()), lr=0.1)
+    mine, reference, optimizer, local = _sparse_adams(5, sparse_as_dense=sparse_as_dense)
     for _ in range(2):
         optimizer.zero_grad()
         (mine(_lookups(rank)) * _data(rank, (4, 3), salt=72)).sum().backward()
@@ -256,6 +262,31 @@ def test_sparse_adam_takes_its_sparse_gradient_back(sparse_as_dense: bool) -> No
         local.step()
         assert mine.weight.grad.is_sparse
     gathered = hvd.allgather(mine.weight.detach()[None], name=f"sparse_adam.{sparse_as_dense}")
+    assert all(torch.equal(gathered[0], g) for g in gathered)
+    assert torch.allclose(mine.weight, reference.weight, atol=1e-12)
+
+
+def test_a_sparse_gradient_no_rank_has_stays_none_for_sparse_adam() -> None:
+    """An embedding unused on every rank for two steps (no backward reaches it): its
+    .grad stays None, as in one process, so SparseAdam counts no step for it, and the
+    steps after it match SparseAdam in one process on the rank-averaged gradient."""
+    size, rank = hvd.size(), hvd.rank()
+    mine, reference, optimizer, local = _sparse_adams(6)
+    for step in range(6):
+        used = step not in (2, 3)
+        optimizer.zero_grad()
+        if used:
+            (mine(_lookups(rank)) * _data(rank, (4, 3), salt=73 + step)).sum().backward()
+        optimizer.step()
+        local.zero_grad()
+        if used:
+            loss = sum((reference(_lookups(r)) * _data(r, (4, 3), salt=73 + step)).sum()
+                       for r in range(size)) / size
+            loss.backward()
+        local.step()
+        assert (mine.weight.grad is None) == (not used)
+    assert optimizer.state[mine.weight]["step"] == local.state[reference.weight]["step"]
+    gathered = hvd.allgather(mine.weight.detach()[None], name="sparse_adam.unused")
     assert all(torch.equal(gathered[0], g) for g in gathered)
     assert torch.allclose(mine.weight, reference.weight, atol=1e-12)
 
