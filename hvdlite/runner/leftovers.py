@@ -23,8 +23,10 @@ small (a container's default is 64 MiB), a few dozen failed jobs fill it, and th
 MPI job fails at MPI_Init.
 
 A segment still mapped by a live process belongs to a running job (another of this
-user's, a benchmark's) and is kept; another user's files are not ours to remove (the
-sticky /dev/shm refuses it, and the error is ignored).
+user's, a benchmark's) and is kept. A hydra topology file is mapped by nobody: its job's
+proxy wrote it and hands its path to the ranks as they start, so while any hydra proxy
+lives, every such file is kept (a later sweep removes it). Another user's files are not
+ours to remove (the sticky /dev/shm refuses it, and the error is ignored).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ PLACES: Mapping[Path, Sequence[str]] = {
     Path("/tmp"): ("hydra_hwloc_xmlfile_*",),
     Path("/dev/shm"): ("mpich_shm_*", "sm_segment.*", "vader_segment.*"),
 }
+# Files that a live process of the named program may still be about to hand out.
+KEPT_WHILE_RUNNING: Mapping[str, str] = {"hydra_hwloc_xmlfile_*": "hydra_pmi_proxy"}
 
 
 def present(places: Mapping[Path, Sequence[str]] = PLACES) -> set[Path]:
@@ -60,6 +64,17 @@ def mapped(proc: Path = Path("/proc")) -> set[str]:
     return paths
 
 
+def programs(proc: Path = Path("/proc")) -> set[str]:
+    """The names (comm) of the live processes this user may see."""
+    names: set[str] = set()
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            names.add(comm.read_text(errors="replace").strip())
+        except OSError:          # the process ended
+            continue
+    return names
+
+
 def sweep(before: set[Path], places: Mapping[Path, Sequence[str]] = PLACES,
           proc: Path = Path("/proc")) -> list[Path]:
     """Remove the files that appeared since ``before`` and that no live process maps;
@@ -68,7 +83,10 @@ def sweep(before: set[Path], places: Mapping[Path, Sequence[str]] = PLACES,
     if not new:
         return []
     in_use = mapped(proc)
-    gone = sorted(path for path in new if str(path) not in in_use)
+    running = programs(proc)
+    kept = [pattern for pattern, program in KEPT_WHILE_RUNNING.items() if program in running]
+    gone = sorted(path for path in new if str(path) not in in_use
+                  and not any(path.match(pattern) for pattern in kept))
     removed = []
     for path in gone:
         try:

@@ -54,6 +54,24 @@ def test_a_segment_a_live_process_maps_is_a_running_jobs_and_is_kept(tmp_path: P
     assert running.exists() and not dead.exists()
 
 
+def test_a_topology_file_is_kept_while_a_hydra_proxy_lives(tmp_path: Path) -> None:
+    """Another job's proxy may hand its file to ranks still starting: kept until a
+    sweep finds no proxy alive."""
+    places = _places(tmp_path)
+    shm, tmp = list(places)
+    before = leftovers.present(places)
+    topology, segment = tmp / "hydra_hwloc_xmlfile_Zz9", shm / "mpich_shm_dead_0"
+    topology.write_bytes(b"x")
+    segment.write_bytes(b"x")
+    proc = tmp_path / "proc"
+    _process(proc, 4400)
+    (proc / "4400" / "comm").write_text("hydra_pmi_proxy\n")
+    assert leftovers.sweep(before, places, proc) == [segment]
+    assert topology.exists()
+    (proc / "4400" / "comm").write_text("python3\n")    # the proxy's pid, reused
+    assert leftovers.sweep(before, places, proc) == [topology]
+
+
 def test_maps_lists_file_paths_only_and_skips_what_it_cannot_read(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     _process(proc, 7, Path("/dev/shm/mpich_shm_x_0"), Path("/dev/shm/gone (deleted)"))
