@@ -32,12 +32,12 @@ from bench.timing import lone_median
 from hvdlite.config import Config
 from hvdlite.core import waiting
 from hvdlite.core.cache import ResponseCache
-from hvdlite.core.registry import Round
+from hvdlite.core.process_sets import Round
 from hvdlite.core.transport_mpi import MpiTransport
 
 _DEFAULTS = Config()
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
-# cache's bit vector, as the engine builds it (hvdlite.core.registry.round_vector).
+# cache's bit vector, as the engine builds it (hvdlite.core.process_sets.round_vector).
 ROUND_WORDS = 1 + ResponseCache(_DEFAULTS.cache_capacity).words
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from hvdlite.core.requests import Kind, Response
 
-# Flag bits of a round vector's first word (after registry's NO_FULL_ROUND, RANK_IDLE).
+# Flag bits of a round vector's first word (after process_sets' NO_FULL_ROUND, RANK_IDLE).
 BLOCKED = 4             # "a user thread of mine waits on tensors not agreed; nothing moved"
 NO_DEADLOCK_CHECK = 8   # cleared by the global coordinator: "list your pending requests"
 

@@ -33,7 +33,7 @@ from hvdlite.core import (deadlock, defaults, exit_guard, liveness, outputs,
                           settings_agreement, stall, waiting)
 from hvdlite.core.executor import Executor
 from hvdlite.core.handles import HandleTable
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
+from hvdlite.core.process_sets import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
                                    ProcessSetRegistry, SetState, round_vector)
 from hvdlite.core.set_agreement import RequestedSets, register_agreed_sets
 from hvdlite.core.negotiation import Report, Verdict

@@ -27,7 +27,7 @@ if TYPE_CHECKING:    # annotations only: the engine builds these objects
     import collections
 
     from hvdlite.core.handles import HandleTable
-    from hvdlite.core.registry import ProcessSetRegistry, SetState
+    from hvdlite.core.process_sets import ProcessSetRegistry, SetState
     from hvdlite.core.requests import Request
     from hvdlite.core.sentinel import Sentinel
     from hvdlite.core.timeline import Timeline

@@ -100,8 +100,8 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
                  "tests/unit/test_cache.py tests/unit/test_fusion.py "
                  "tests/unit/test_planning.py")]),
     # Process sets over a fake world communicator, then real splits under MPI.
-    "hvdlite/core/registry.py": (60, [
-        ("unit", "tests/unit/test_registry.py"),
+    "hvdlite/core/process_sets.py": (60, [
+        ("unit", "tests/unit/test_process_sets.py"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
     # Layouts of uneven nodes over threads (a communicator that splits as MPI would), then
     # the real splits.
@@ -112,11 +112,11 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     "hvdlite/core/recorder.py": (60, [
         ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
     # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell;
-    # the idle ticks (test_engine.py) and all_done (test_registry.py).
+    # the idle ticks (test_engine.py) and all_done (test_process_sets.py).
     "hvdlite/core/waiting.py": (60, [
         ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
                  "tests/unit/test_handles.py tests/unit/test_engine.py "
-                 "tests/unit/test_registry.py")]),
+                 "tests/unit/test_process_sets.py")]),
     # The guard runs as a real child process (a socketpair stands in for hydra's PMI fd).
     "hvdlite/core/exit_guard.py": (60, [
         ("unit", "tests/unit/test_exit_guard.py"),
@@ -134,7 +134,7 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
     # MPI's transport: the channel, rounds and awaited gather and bcast on a one-rank world,
     # then the conformance checks every transport passes, at -n 2.
     "hvdlite/core/transport_mpi.py": (60, [
-        ("unit", "tests/unit/test_liveness_check.py tests/unit/test_registry.py"),
+        ("unit", "tests/unit/test_liveness_check.py tests/unit/test_process_sets.py"),
         ("mpi2", "tests/mpi/test_transport_conformance.py")]),
     # Stand-in peers are child processes of the test, killed to play a rank that dies.
     "hvdlite/core/sentinel.py": (60, [

@@ -18,7 +18,7 @@ import pytest
 
 from hvdlite.core import engine as engine_module
 from hvdlite.core import stall
-from hvdlite.core.registry import NO_FULL_ROUND, RANK_IDLE
+from hvdlite.core.process_sets import NO_FULL_ROUND, RANK_IDLE
 from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import HvdliteError, MismatchError
 from tests.unit import engine_rig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdlite.core.registry import NO_FULL_ROUND
+from hvdlite.core.process_sets import NO_FULL_ROUND
 from hvdlite.core.requests import Descriptor, Kind, Request
 from tests.unit.engine_rig import FullRounds, outcome, second_set, set_up
 

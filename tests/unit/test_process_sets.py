@@ -9,10 +9,10 @@ from typing import Any, Optional
 import pytest
 from mpi4py import MPI
 
-from hvdlite.core import registry as registry_module
+from hvdlite.core import process_sets as registry_module
 from hvdlite.core.cache import ResponseCache
 from hvdlite.core.deadlock import BLOCKED, NO_DEADLOCK_CHECK
-from hvdlite.core.registry import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
+from hvdlite.core.process_sets import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
                                    ProcessSetRegistry, Round, SetState, round_vector)
 from hvdlite.core.waiting import all_done
 from hvdlite.core.requests import Descriptor, Kind, Request, Response
