@@ -133,9 +133,9 @@ def _resolve(module: str, qualname: str, main_path: Optional[str]) -> Callable[.
 
 
 def _this_rank() -> int:
-    import hvdlite
-    if hvdlite.is_initialized():
-        return hvdlite.rank()
+    from hvdlite.api import runtime
+    if runtime.is_initialized():
+        return runtime.rank()
     for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         if variable in os.environ:
             return int(os.environ[variable])
