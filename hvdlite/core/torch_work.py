@@ -89,7 +89,7 @@ class TorchRound:
         pass
 
 
-
 def block(pending: Sequence[TorchPending]) -> None:
+    """Wait for each in turn (the transport's blocking object exchanges)."""
     for each in pending:
         each.wait()
