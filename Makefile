@@ -220,7 +220,7 @@ test-lane-a: test-integration-a
 test-lane-b: install-ompi docs test-unit test-integration-b test-ompi-jobs install-gloo
 
 # Mutation testing (cosmic-ray; not part of make test): every module mapped in
-# tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/core/fusion.py; WORKERS=N
+# tests/mutation/mutate.py, or one: make mutate MODULE=hvdlite/engine/fusion.py; WORKERS=N
 # runs N mutants at once (each MPI stage uses 2-3 cores).
 MODULE ?=
 WORKERS ?= 1

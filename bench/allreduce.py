@@ -23,8 +23,8 @@ from bench.floor import handoff_floor, lone_median, negotiated_floor
 from bench.timing import seconds_per_call
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
-from hvdlite.core.defaults import describe_bytes
-from hvdlite.core.mpi_library import library_from_version
+from hvdlite.policy.defaults import describe_bytes
+from hvdlite.transport.mpi_library import library_from_version
 
 
 def _with_backend(name: str, comm: MPI.Comm) -> None:

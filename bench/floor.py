@@ -30,14 +30,14 @@ from mpi4py import MPI
 
 from bench.timing import lone_median
 from hvdlite.config import Config
-from hvdlite.core import waiting
-from hvdlite.core.cache import ResponseCache
-from hvdlite.core.process_sets import Round
-from hvdlite.core.transport_mpi import MpiTransport
+from hvdlite.failure import waiting
+from hvdlite.negotiation.cache import ResponseCache
+from hvdlite.negotiation.process_sets import Round
+from hvdlite.transport.mpi_transport import MpiTransport
 
 _DEFAULTS = Config()
 # hvdlite's negotiation round at the default HVDLITE_CACHE_CAPACITY: a flag word and the
-# cache's bit vector, as the engine builds it (hvdlite.core.process_sets.round_vector).
+# cache's bit vector, as the engine builds it (hvdlite.negotiation.process_sets.round_vector).
 ROUND_WORDS = 1 + ResponseCache(_DEFAULTS.cache_capacity).words
 
 
@@ -76,7 +76,7 @@ class Agreement:
     """One negotiation round over ``comm`` (made and freed at a collective point on
     every rank), polled until done: a spin of ``spin_s`` (HVDLITE_SPIN_TIME's default:
     the engine's while a user thread waits; ``math.inf``: spin throughout), then the
-    engine's sleeps (hvdlite.core.waiting), growing from 20 us to a quarter of the
+    engine's sleeps (hvdlite.failure.waiting), growing from 20 us to a quarter of the
     default cycle."""
 
     def __init__(self, comm: MPI.Comm, words: int = ROUND_WORDS,

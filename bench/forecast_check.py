@@ -28,7 +28,7 @@ import sys
 import tempfile
 from typing import Any, Sequence
 
-from hvdlite.api import scaling_model as model
+from hvdlite.diagnostics import scaling_model as model
 from bench import launches, training
 
 

@@ -33,9 +33,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.api import scaling_model
 from hvdlite.api.control import reconfigure
-from hvdlite.api.scaling_model import formula_bytes
+from hvdlite.diagnostics import scaling_model
+from hvdlite.diagnostics.scaling_model import formula_bytes
 from bench.timing import seconds_per_call
 
 ALGORITHMS = ("ps", "ring", "mpi")
@@ -46,7 +46,7 @@ FORMULAS = {"ps": "N(P-1) at the server (workers: N)", "ring": "2N(P-1)/P on eve
 def model_seconds(algorithm: str, nbytes: int, size: int, bandwidth: float,
                   latency: float) -> float:
     """The alpha-beta model above (bandwidth in bytes/s, latency in seconds): the
-    scaling forecast's allreduce cost (hvdlite/api/scaling_model.py), one message."""
+    scaling forecast's allreduce cost (hvdlite/diagnostics/scaling_model.py), one message."""
     cost = scaling_model.allreduce_cost(algorithm, size,
                                         scaling_model.Link("given", bandwidth, latency))
     return cost.latency + cost.per_byte * nbytes

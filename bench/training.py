@@ -197,7 +197,7 @@ def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
 def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
     import torch
     import hvdlite.torch as hvd
-    from hvdlite.api import autotune
+    from hvdlite.diagnostics import autotune
     hvd.init()
     try:
         model, data = build(name)
@@ -212,7 +212,7 @@ def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
         measured.tuning_s = time.perf_counter() - started
         current = autotune.tuner()
         if current is not None:
-            from hvdlite.core.autotune import describe
+            from hvdlite.policy.tuning import describe
             measured.choice = describe(current.changes()) or "defaults"
         return measured.timed(step, seconds, since=started)
     finally:

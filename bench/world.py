@@ -21,8 +21,8 @@ class TorchComm:
     def __init__(self) -> None:
         import torch.distributed as dist
         self._dist = dist
-        from hvdlite.core import transport_torch
-        transport_torch.initialize()            # torchrun's variables, over Gloo
+        from hvdlite.transport import torch_transport
+        torch_transport.initialize()            # torchrun's variables, over Gloo
         self.group = dist.new_group(backend="gloo")   # every rank, so before hvd.init()
 
     def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)

@@ -7,24 +7,23 @@ Importing has no side effects: mpi4py, and with it MPI, is loaded by
 """
 from hvdlite.api.adapter import NUMPY as _NUMPY
 from hvdlite.api.binding import OP_NAMES as _OP_NAMES, make_ops as _make_ops
+from hvdlite.api.compression import Compression
 from hvdlite.api.control import add_process_set, init, remove_process_set
-from hvdlite.api.submission import GroupHandle
 from hvdlite.api.objects import (allgather_object, broadcast_object, ccl_built, cuda_built,
                                  ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
                                  nccl_built, rocm_built, start_timeline, stop_timeline)
 from hvdlite.api.process_set import ProcessSet, global_process_set
-from hvdlite.api.report import traffic
-from hvdlite.api import autotune as _autotune   # noqa: F401  HVDLITE_AUTOTUNE's start hook
 from hvdlite.api.runtime import (cross_rank, cross_size, is_homogeneous, is_initialized,
-                                 local_device, local_rank, local_size, mpi_threads_supported,
-                                 rank, shutdown, size, step_done)
-from hvdlite.api.compression import Compression
-from hvdlite.errors import (CollectiveFailedError, ConfigError, DeadlockError,
-                            DuplicateNameError, HorovodInternalError, HostsUpdatedError,
-                            HostsUpdatedInterrupt, HvdliteError, HvdliteTypeError, JoinError,
-                            MismatchError, NotInitializedError, NotSupportedError, OutputPathError,
-                            PeerLostError, ShutdownError, StallError, StateError,
-                            UsageError)
+                                 local_device, local_rank, local_size, mpi_threads_supported, rank,
+                                 shutdown, size, step_done)
+from hvdlite.api.submission import GroupHandle
+from hvdlite.diagnostics import autotune as _autotune   # noqa: F401  HVDLITE_AUTOTUNE's start hook
+from hvdlite.diagnostics.report import traffic
+from hvdlite.errors import (CollectiveFailedError, ConfigError, DeadlockError, DuplicateNameError,
+                            HorovodInternalError, HostsUpdatedError, HostsUpdatedInterrupt,
+                            HvdliteError, HvdliteTypeError, JoinError, MismatchError,
+                            NotInitializedError, NotSupportedError, OutputPathError, PeerLostError,
+                            ShutdownError, StallError, StateError, UsageError)
 from hvdlite.reduce_op import ReduceOp
 
 __version__ = "0.1.0"

@@ -49,7 +49,7 @@ class Config:
 
     Frozen: the engine reads it from its own thread, so a setting changes only by
     a negotiated reconfiguration that replaces the object on every rank at the
-    same point in the order of collectives (``hvdlite.core.runtime.reconfigure``).
+    same point in the order of collectives (``hvdlite.api.control.reconfigure``).
     """
     cycle_time: float = knob(
         1.0, parse_nonneg_float, SAME,
@@ -119,7 +119,7 @@ class Config:
         "request (torch's .grad are views of the buckets: no packing copies). 'all': one "
         "bucket of each kind, reduced once backward is done (no overlap, the fewest "
         "rounds); the default where a node's ranks outnumber its CPUs and compute on them "
-        "(hvdlite.core.defaults). 0 gives every gradient a bucket of its own (one request "
+        "(hvdlite.policy.defaults). 0 gives every gradient a bucket of its own (one request "
         "per gradient, for comparison).",
         deprecated=("HVDLITE_GPU_BUCKET_BYTES",))
     one_rank_shortcut: bool = knob(
@@ -135,7 +135,7 @@ class Config:
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "
         "the ring. Chosen from `python -m bench allreduce` on 2 cores, a core per "
         "rank. Unset, it is never (MPI's Allreduce at every size) where a node's ranks "
-        "outnumber its CPUs and compute on them (hvdlite.core.defaults).")
+        "outnumber its CPUs and compute on them (hvdlite.policy.defaults).")
     ring_chunk: int = knob(
         256 << 10, parse_bytes, SAME,
         "Bytes per message in the ring; large segments are pipelined in chunks of "

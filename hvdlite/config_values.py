@@ -31,7 +31,7 @@ def parse_bytes(text: str) -> int:
 
 
 # A byte setting's "no bound": 2^62 bytes, beyond any buffer or model, and an int, as every
-# other byte setting. HVDLITE_RING_THRESHOLD's "never" (hvdlite.core.defaults.NO_RING) and
+# other byte setting. HVDLITE_RING_THRESHOLD's "never" (hvdlite.policy.defaults.NO_RING) and
 # HVDLITE_BUCKET_BYTES=all (ONE_BUCKET): one bucket of each kind (dtype and device), its
 # first one not made small either, so a step's gradients are reduced once backward is done.
 UNBOUNDED_BYTES = 1 << 62
@@ -96,7 +96,7 @@ def _choice(*allowed: str) -> Callable[[str], str]:
 
 class Agreement(enum.Enum):
     """What every rank's value of a setting must have in common, checked by ``init()``
-    (``hvdlite.core.settings_agreement``). Every knob declares one."""
+    (``hvdlite.policy.settings_agreement``). Every knob declares one."""
     # It shapes the collectives (the layout, the negotiation, the backend chain): ranks
     # that differ would wait on collectives the others never start. A ConfigError.
     SAME = "the same value on every rank"

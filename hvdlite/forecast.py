@@ -8,7 +8,7 @@ forecast from one measured run (its HVDLITE_REPORT report.json) or from numbers 
 One process, no MPI. For each network (--network, or --bandwidth and --latency) and
 algorithm (ring, parameter server, hierarchical when --ranks-per-node > 1) it prints
 the forecast with communication after backward and overlapping it, and draws the
-efficiency against P (--plot). The model is hvdlite/api/scaling_model.py's.
+efficiency against P (--plot). The model is hvdlite/diagnostics/scaling_model.py's.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from hvdlite.api import scaling_model as model
 from hvdlite.config import parse_bytes
+from hvdlite.diagnostics import scaling_model as model
 from hvdlite.errors import ConfigError
 
 DEFAULT_NETWORKS = ("25GbE", "100GbE", "IB-HDR")
@@ -135,7 +135,7 @@ def plot_path(args: argparse.Namespace) -> str:
     directory given. Checked before anything is printed (created, written and removed,
     as HVDLITE_TIMELINE is at init), so a path that cannot be written is an error,
     not a table followed by a traceback."""
-    from hvdlite.core.outputs import file_problem
+    from hvdlite.recording.outputs import file_problem
     path = args.plot
     if not path:
         return ""

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from hvdlite.api import scaling_model as model
+from hvdlite.diagnostics import scaling_model as model
 
 BATCH = 64
 GPUS_PER_SERVER = 4

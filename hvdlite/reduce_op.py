@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,6 +20,13 @@ class ReduceOp(enum.IntEnum):
 # Value -> operator as a dict lookup: ``ReduceOp(value)`` runs Python code in the enum
 # machinery, a cost paid once per tensor on the submit and execute paths.
 OPS_BY_VALUE: dict[int, ReduceOp] = {int(op): op for op in ReduceOp}
+
+
+# The elementwise reductions of the host backends and of the node's shared memory
+# (Average is a Sum; the executor divides afterwards, together with the postscale factor).
+UFUNCS: dict[ReduceOp, Callable[..., Any]] = {
+    ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
 
 
 def identity(op: ReduceOp, dtype: Any) -> Any:

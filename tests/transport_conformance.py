@@ -1,4 +1,4 @@
-"""What every transport (hvdlite/core/transport.py) must do, as checks that run on
+"""What every transport (hvdlite/transport/base.py) must do, as checks that run on
 any implementation: each ``check_*`` is collective over the transport it is given
 and asserts what that rank sees.
 
@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from hvdlite.core.transport import Pending, Transport
 from hvdlite.errors import HvdliteError
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Pending, Transport
 
 # How long a check waits for pings and verdicts to arrive (they do in milliseconds).
 DEADLINE_S = 10.0

@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from hvdlite.core.requests import dtype_name, to_dtype
 from hvdlite.errors import HvdliteTypeError
+from hvdlite.negotiation.requests import dtype_name, to_dtype
 
 
 class TensorAdapter:
@@ -52,7 +52,7 @@ class TensorAdapter:
     def ready_event(self, tensor: Any) -> Any:
         """For a GPU tensor: an event recorded now on the framework's current stream,
         which the engine's stream waits on before reading the tensor (see
-        hvdlite.core.devices). None for host tensors."""
+        hvdlite.engine.devices). None for host tensors."""
         return None
 
     def contiguous(self, tensor: Any) -> Any:

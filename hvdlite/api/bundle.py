@@ -33,9 +33,8 @@ from hvdlite.api import runtime
 from hvdlite.api.adapter import NUMPY, TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input, check_reduction,
-                                    check_scale, inplace_output, reduce_op, returning,
-                                    submit_group)
-from hvdlite.core.requests import Kind, dtype_name
+                                    check_scale, inplace_output, reduce_op, returning, submit_group)
+from hvdlite.negotiation.requests import Kind, dtype_name
 from hvdlite.reduce_op import ReduceOp
 
 BUNDLED_BELOW = 1 << 20   # the engine's default direct threshold: larger ones go alone

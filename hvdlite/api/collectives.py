@@ -7,17 +7,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from hvdlite.api import bundle, runtime
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input,
-                                    check_adasum, check_reduction, check_root,
-                                    check_scale,
-                                    inplace_output, reduce_op, returning, set_ranks, submit_group,
-                                    synchronize)
-from hvdlite.api import bundle, runtime
-from hvdlite.core.devices import array_namespace
-from hvdlite.core.requests import Kind
+from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, GroupHandle, Input, check_adasum,
+                                    check_reduction, check_root, check_scale, inplace_output,
+                                    reduce_op, returning, set_ranks, submit_group, synchronize)
+from hvdlite.engine.devices import array_namespace
 from hvdlite.errors import UsageError
+from hvdlite.negotiation.requests import Kind
 from hvdlite.reduce_op import ReduceOp
 
 # -- the collectives on one adapter's tensors ------------------------------------------------

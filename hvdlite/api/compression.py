@@ -49,7 +49,7 @@ class _CastCompressor(Compressor):
 
 
 def _itemsize(dtype: str) -> int:
-    from hvdlite.core.requests import to_dtype
+    from hvdlite.negotiation.requests import to_dtype
     return to_dtype(dtype).itemsize
 
 

@@ -8,9 +8,9 @@ from hvdlite.api import objects, runtime
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.submission import Call, synchronize
 from hvdlite.backends import registry
-from hvdlite.core.set_agreement import RequestedSets, agree_on_sets
-from hvdlite.core.requests import Kind
 from hvdlite.errors import UsageError
+from hvdlite.negotiation.requests import Kind
+from hvdlite.negotiation.set_agreement import RequestedSets, agree_on_sets
 
 ProcessSets = Union[Sequence[ProcessSet], str, None]
 

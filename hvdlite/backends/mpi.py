@@ -10,7 +10,7 @@ broadcast.
 
 Each collective is MPI's nonblocking one, waited on in ``waits.wait_all``: on the
 engine's thread a peer that stops answering inside it is found and named, where a
-blocking call would hang (hvdlite/backends/waits.py). Measured at 2 ranks on an idle
+blocking call would hang (hvdlite/transport/waits.py). Measured at 2 ranks on an idle
 machine, an Iallreduce polled so takes as long as MPI_Allreduce from 4 B to 64 MiB.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, Buffer, Done, HostBackend, offsets
-from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.waits import wait_all
 
 MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM, ReduceOp.MIN: MPI.MIN,
            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD} if MPI is not None else {}

@@ -12,7 +12,7 @@ own ncclAvg. NCCL 2.28's ncclAvg, out of place on a one-rank communicator,
 leaves the tail of the output unwritten (stale memory at lengths that are not a
 multiple of its vector width: 3 of 1,048,579 elements; 1 of 4,913), while Sum
 in and out of place was right in every case measured. The division is the one
-every other backend does (``hvdlite.core.scaling.Scale``), so an Average means
+every other backend does (``hvdlite.engine.scaling.Scale``), so an Average means
 the same thing on every path.
 """
 from __future__ import annotations

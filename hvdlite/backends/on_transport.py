@@ -1,12 +1,12 @@
 """The host backend of a transport that is no MPI communicator (torchrun's: Gloo): it
 runs each call on the transport's own data collectives (``allreduce_array``,
-``broadcast_array``, ``allgather_array``; hvdlite/core/transport.py).
+``broadcast_array``, ``allgather_array``; hvdlite/transport/base.py).
 
 The core opens each process set on every backend with the set's transport's
 ``native``; a transport other than MPI passes itself, which the MPI-based backends
 decline (``HostBackend.declined``). It is the registry's built-in "transport"
 backend (HVDLITE_BACKENDS may name it): the chain asks it, and not the MPI ones,
-once a set is opened on such a transport (hvdlite/core/chain.py). An alltoall is
+once a set is opened on such a transport (hvdlite/engine/chain.py). An alltoall is
 the transport's ``alltoall_array`` on bytes; a reducescatter is an allreduce of
 which each rank keeps its slice (correct, and twice the traffic of a real one).
 """

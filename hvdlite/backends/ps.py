@@ -22,8 +22,8 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
     MPI = None  # type: ignore[assignment]
 
 from hvdlite.backends.base import DONE, UFUNCS, Done, HostBackend, ScratchPair
-from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.waits import wait_all
 
 _TAG_PUSH, _TAG_PULL = 91, 92
 SERVER = 0   # the server's rank within the process set (not global rank 0)

@@ -1,7 +1,7 @@
 """Backends by name, with the device types each serves (torch c10d's
 ``Backend.register_backend(name, func, devices=...)``).
 
-``hvdlite.core.chain`` builds each device type's chain from this table: the
+``hvdlite.engine.chain`` builds each device type's chain from this table: the
 backends HVDLITE_BACKENDS names for that device first, then every registered
 backend serving it, in table order. A backend registered here goes ahead of the
 built-in ones (after those registered before it) unless ``before=`` places it
@@ -57,12 +57,12 @@ def _builtin(module: str, cls: str, *fields: str) -> BackendFactory:
 
 
 # The host backends in order of preference (HVDLITE_ALLREDUCE selects among ps, ring
-# and mpi; see hvdlite.core.chain); the CUDA plugin (hvdlite.backends.gpu) brings
+# and mpi; see hvdlite.engine.chain); the CUDA plugin (hvdlite.backends.gpu) brings
 # torch-nccl, nccl and staged, with their factories, when a request first names a cuda
 # device.
 # "transport" serves host data on a world transport that is no MPI communicator
 # (torchrun's Gloo; hvdlite.backends.on_transport): the chain asks it only there, and
-# the MPI-based host backends only where the world is MPI (hvdlite.core.chain).
+# the MPI-based host backends only where the world is MPI (hvdlite.engine.chain).
 _ENTRIES: list[Entry] = [
     Entry("transport", _builtin("hvdlite.backends.on_transport", "TransportBackend"),
           frozenset({"cpu"}), True),

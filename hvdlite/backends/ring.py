@@ -19,8 +19,8 @@ except ImportError:     # no mpi4py (torchrun's transport): these backends decli
 
 from hvdlite.backends.base import (DONE, UFUNCS, Done, HostBackend, ScratchPair, even_counts,
                                    segment_bounds)
-from hvdlite.backends.waits import wait_all
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.waits import wait_all
 
 _TAG_REDUCE, _TAG_GATHER = 71, 72
 

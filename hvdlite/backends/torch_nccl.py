@@ -33,7 +33,7 @@ and Gloo, so this code runs at 2 and 4 ranks in CI.
 Every tensor handed to a group goes to HANDOFF once its collective returns: torch's
 threads (Gloo's workers in the stand-in) may drop the last reference to it after
 Python has moved on, and doing so while the interpreter finalizes aborts the process
-(hvdlite/backends/handoff.py).
+(hvdlite/transport/handoff.py).
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ import numpy as np
 from hvdlite.backends.base import Buffer
 from hvdlite.backends.cuda import StreamWork, current_stream
 from hvdlite.backends.gpu_sets import PerSetNccl
-from hvdlite.backends.handoff import HANDOFF
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.handoff import HANDOFF
 
 _DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16")
 _SERVED = frozenset(np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n)

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Optional
 
 from hvdlite.api import runtime
-from hvdlite.api.report_summary import elastic_line
+from hvdlite.diagnostics.report_summary import elastic_line
 
 
 @dataclasses.dataclass

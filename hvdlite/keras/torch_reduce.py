@@ -8,9 +8,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from hvdlite.api import report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.diagnostics import report
 from hvdlite.reduce_op import ReduceOp
 from hvdlite.reducer.lists import GradientLists
 from hvdlite.reducer.settings import Groups, Settings

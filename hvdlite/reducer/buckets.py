@@ -35,8 +35,8 @@ from hvdlite.api import collectives, runtime, submission
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.prepared import PreparedAllreduce
 from hvdlite.api.variable_check import agree_variables
-from hvdlite.core.requests import Kind, to_dtype
 from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.negotiation.requests import Kind, to_dtype
 from hvdlite.reducer import layout
 from hvdlite.reducer.settings import Settings
 

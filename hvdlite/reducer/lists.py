@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, Optional, Sequence
 
-from hvdlite.api import autotune
 from hvdlite.api.adapter import TensorAdapter
 from hvdlite.api.variable_check import check_same_variables
+from hvdlite.diagnostics import autotune
 from hvdlite.errors import UsageError
 from hvdlite.reducer.buckets import Reducer, Spec
 from hvdlite.reducer.settings import Settings

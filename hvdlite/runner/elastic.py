@@ -1,7 +1,7 @@
 """``hvdliterun --elastic``: when the job fails, end it and start it again.
 
 An MPI world cannot lose a rank and go on, so recovery is a restart: any rank's
-failure ends the job (hvdlite aborts it, see ``hvdlite.core.failure``), and this
+failure ends the job (hvdlite aborts it, see ``hvdlite.failure.abort_on_error``), and this
 loop starts it again, up to ``--max-restarts`` times, on the hosts that
 ``--host-discovery-script`` reports then (or the same ones): with fewer slots than
 ``-np`` (but at least ``--min-np``) the job resumes at a smaller world size, and

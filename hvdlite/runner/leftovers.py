@@ -11,7 +11,7 @@ rank leaves:
   /dev/shm/mpich_shm_* (2 MiB) after a killed rank or MPI_Abort; Open MPI's
   /dev/shm/sm_segment.* (16 MiB) when mpirun itself was killed (a test's time limit).
 
-hvdlite's own shared memory under torchrun (core/node_memory.py) has no name, so it
+hvdlite's own shared memory under torchrun (transport/node_memory.py) has no name, so it
 leaves nothing to sweep.
 
 And a launcher killed itself (SIGKILL) leaves the folder it keeps while it runs: Open

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from hvdlite.core.mpi_library import Library, library_from_version
+from hvdlite.transport.mpi_library import Library, library_from_version
 
 
 @dataclasses.dataclass(frozen=True)

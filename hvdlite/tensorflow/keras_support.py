@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from hvdlite.api import report
+from hvdlite.diagnostics import report
 from hvdlite.tensorflow.gradients import GradientAverager as make_reducer
 from hvdlite.tensorflow.graph import entry_point
 

@@ -17,10 +17,10 @@ import tensorflow as tf
 import hvdlite as _hvd
 from hvdlite.api import submission
 from hvdlite.api.compression import Compressor, compressed, compressed_all
-from hvdlite.core.requests import Kind
+from hvdlite.negotiation.requests import Kind
 from hvdlite.tensorflow import graph, scatter, sparse
-from hvdlite.tensorflow.gather import allgather, grouped_allgather
 from hvdlite.tensorflow.adapter import TENSORFLOW, is_keras_variable, is_variable
+from hvdlite.tensorflow.gather import allgather, grouped_allgather
 from hvdlite.tensorflow.generated import GENERATED as _OPS, PS
 from hvdlite.tensorflow.generated import member_rank as _member_rank, refuse as _refuse
 

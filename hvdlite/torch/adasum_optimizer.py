@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 import hvdlite as _hvd
-from hvdlite.api import report as _report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.diagnostics import report as _report
 from hvdlite.errors import UsageError
 from hvdlite.torch.ops import grouped_allreduce
 from hvdlite.torch.optimizer import DistributedOptimizer, _parameter_names

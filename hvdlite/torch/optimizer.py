@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 import hvdlite as _hvd
-from hvdlite.api import autotune as _autotune, report as _report
 from hvdlite.api.compression import Compression, Compressor
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.diagnostics import autotune as _autotune, report as _report
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer.buckets import Reducer
 from hvdlite.reducer.settings import Groups, Settings

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 import hvdlite as _hvd
-from hvdlite.api import report as _report
+from hvdlite.diagnostics import report as _report
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer.buckets import Reducer
 from hvdlite.reducer.settings import Settings

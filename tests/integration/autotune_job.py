@@ -12,8 +12,9 @@ import sys
 import numpy as np
 
 import hvdlite as hvd
-from hvdlite.api import autotune, runtime
-from hvdlite.core.autotune import TUNED
+from hvdlite.api import runtime
+from hvdlite.diagnostics import autotune
+from hvdlite.policy.tuning import TUNED
 
 LIMIT = 5000      # steps: far more than a search takes; a hang is the test's timeout
 

@@ -78,7 +78,7 @@ def _losing() -> None:
 def _announce_pids() -> None:
     """For the test's check that no process outlives the job."""
     try:
-        from hvdlite.core import exit_guard
+        from hvdlite.failure import exit_guard
         guard = exit_guard._spawned.pid if exit_guard._spawned is not None else -1
     except ImportError:     # a tree without the guard, when checking that tests fail there
         guard = -1
@@ -139,7 +139,7 @@ def frozen_in_collective() -> None:
     node's shared memory), waiting for it. Each survivor says how long its own failing
     call lasted (it began before the stop: an upper bound on the time from the stop),
     and exits normally."""
-    from hvdlite.core import executor
+    from hvdlite.engine import executor
     hvd.init()
     _announce_pids()
     victim = int(os.environ["FROZEN_RANK"]) % hvd.size()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.core.autotune import TUNED
+from hvdlite.policy.tuning import TUNED
 from tests.integration.test_outputs import run_job
 from tests.mpirun import run_module
 

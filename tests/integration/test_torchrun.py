@@ -1,4 +1,4 @@
-"""hvdlite under torchrun, on torch.distributed's transport (hvdlite/core/transport_torch.py):
+"""hvdlite under torchrun, on torch.distributed's transport (hvdlite/transport/torch_transport.py):
 the transport conformance checks, and hvdlite's collectives on a machine without
 mpi4py (hidden by tests/integration/no_mpi4py)."""
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_a_rank_killed_in_the_shared_memory_set_up_leaves_nothing(
 
 def test_a_rank_that_exits_inside_a_shared_memory_allreduce_is_a_lost_peer() -> None:
     """The survivors wait for its arrival in shared memory, not in Gloo: they find its
-    process gone (hvdlite/core/node_memory.py) and report the loss with its cause."""
+    process gone (hvdlite/transport/node_memory.py) and report the loss with its cause."""
     output = torchrun("lost_in_shared_memory", 3, succeeds=False, monitor_s=20)
     for rank in (0, 2):
         lost = rf"LOST rank {rank}: rank {rank}: lost a peer: rank 1 \(pid \d+ on \S+\) exited"

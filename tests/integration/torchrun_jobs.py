@@ -11,10 +11,10 @@ import numpy as np
 
 def conformance() -> None:
     """Every transport conformance check on torch.distributed's transport."""
-    from hvdlite.core import transport_torch
+    from hvdlite.transport import torch_transport
     from tests import transport_conformance
-    transport_torch.initialize()
-    world = transport_torch.open_world(None)
+    torch_transport.initialize()
+    world = torch_transport.open_world(None)
     for check in transport_conformance.CHECKS:
         try:
             check(world)
@@ -67,7 +67,7 @@ def alltoall() -> None:
     hvdlite supports, rows of 0, 1 and primes per destination, 2-D rows, and the even
     split (no splits given)."""
     import hvdlite as hvd
-    from hvdlite.core.requests import to_dtype
+    from hvdlite.negotiation.requests import to_dtype
     from tests.transport_conformance import alltoall_counts, alltoall_part
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -93,10 +93,10 @@ def registry_mismatch() -> None:
     import hvdlite as hvd
     from hvdlite.backends import register_backend
     from hvdlite.backends.on_transport import TransportBackend
-    from hvdlite.core import transport_torch
     from hvdlite.errors import BackendRegistryMismatchError
-    transport_torch.initialize()
-    rank = transport_torch.world_rank()
+    from hvdlite.transport import torch_transport
+    torch_transport.initialize()
+    rank = torch_transport.world_rank()
     if rank == 1:
         register_backend("extra", TransportBackend)
     try:
@@ -131,20 +131,20 @@ def shared_memory() -> None:
     import os
 
     import hvdlite as hvd
-    from hvdlite.core import transport_torch
+    from hvdlite.transport import torch_transport
     if "UNDUMPABLE_RANK" in os.environ:
         _without_ptrace_capability()
         if os.environ["UNDUMPABLE_RANK"] == os.environ["RANK"]:
             _undumpable()
     opened: list[bool] = []          # each transport's outcome, as it opens at its first allreduce
-    open_node_memory = transport_torch.open_node_memory
+    open_node_memory = torch_transport.open_node_memory
 
     def recorded(*args: object, **kwargs: object) -> object:
         memory = open_node_memory(*args, **kwargs)   # type: ignore[arg-type]
         opened.append(memory is not None)
         return memory
 
-    transport_torch.open_node_memory = recorded        # type: ignore[assignment]
+    torch_transport.open_node_memory = recorded        # type: ignore[assignment]
     hvd.init()
     loops_after_init = _gloo_loop_threads()
     rank, size = hvd.rank(), hvd.size()
@@ -226,7 +226,7 @@ def dies_in_shared_memory_setup() -> None:
     import torch.distributed as dist
 
     import hvdlite as hvd
-    from hvdlite.core import transport_torch
+    from hvdlite.transport import torch_transport
 
     def entries() -> dict[str, int]:
         found = {}
@@ -238,15 +238,15 @@ def dies_in_shared_memory_setup() -> None:
         return found
 
     before = entries()
-    open_node_memory, allgather = transport_torch.open_node_memory, \
-        transport_torch.TorchTransport.allgather
+    open_node_memory, allgather = torch_transport.open_node_memory, \
+        torch_transport.TorchTransport.allgather
     set_up = {"begun": False, "exchanges": 0}
 
     def opening(*args: object, **kwargs: object) -> object:
         set_up["begun"] = True
         return open_node_memory(*args, **kwargs)       # type: ignore[arg-type]
 
-    def exchange(self: transport_torch.TorchTransport, obj: object) -> list[object]:
+    def exchange(self: torch_transport.TorchTransport, obj: object) -> list[object]:
         if set_up["begun"] and dist.get_rank() == 1:
             set_up["exchanges"] += 1
             if set_up["exchanges"] == 2:
@@ -256,8 +256,8 @@ def dies_in_shared_memory_setup() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
         return allgather(self, obj)
 
-    transport_torch.open_node_memory = opening                   # type: ignore[assignment]
-    transport_torch.TorchTransport.allgather = exchange          # type: ignore[method-assign]
+    torch_transport.open_node_memory = opening                   # type: ignore[assignment]
+    torch_transport.TorchTransport.allgather = exchange          # type: ignore[method-assign]
     try:
         hvd.init()
         hvd.allreduce(np.ones(4), name="first")
@@ -285,7 +285,7 @@ def lost_in_shared_memory() -> None:
     import os
 
     import hvdlite as hvd
-    from hvdlite.core import node_memory
+    from hvdlite.transport import node_memory
     hvd.init()
     hvd.allreduce(np.ones(4), name="warm")              # one chunk: two arrivals
     if hvd.rank() == 1:

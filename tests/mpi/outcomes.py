@@ -50,7 +50,7 @@ class _TorchChannel:
         # then a group of its own, made here, before any of hvdlite's, on every rank.
         if not dist.is_initialized():
             dist.init_process_group("gloo")
-        from hvdlite.backends.handoff import Handoff
+        from hvdlite.transport.handoff import Handoff
         self._dist, self._group = dist, dist.new_group(backend="gloo")
         self.rank = dist.get_rank()
         self._handoff = Handoff()
@@ -73,7 +73,7 @@ class _TorchChannel:
     def close(self) -> None:
         """Every group torn down before the interpreter exits (left to exit-time
         destructors, Gloo's threads have aborted a rank: exit code -6), and Gloo's
-        threads done with the tensors of the last operations (hvdlite/backends/handoff.py)."""
+        threads done with the tensors of the last operations (hvdlite/transport/handoff.py)."""
         self._dist.destroy_process_group()
         if not self._handoff.await_released(30.0):
             raise RuntimeError("Gloo still holds the outcome's tensor after 30 s")

@@ -13,10 +13,11 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import hvdlite as hvd
-from hvdlite.api import autotune, runtime
+from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
-from hvdlite.core.autotune import TUNED, Knob, Observed
-from hvdlite.core.defaults import NO_RING
+from hvdlite.diagnostics import autotune
+from hvdlite.policy.defaults import NO_RING
+from hvdlite.policy.tuning import TUNED, Knob, Observed
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ from tests.mpi.conftest import keras_on_tensorflow
 tf, keras = keras_on_tensorflow()
 
 import hvdlite.keras as hvd  # noqa: E402
-from hvdlite.api import autotune, runtime  # noqa: E402
+from hvdlite.api import runtime  # noqa: E402
 from hvdlite.api.control import reconfigure  # noqa: E402
-from hvdlite.core.autotune import Knob  # noqa: E402
+from hvdlite.diagnostics import autotune
+from hvdlite.policy.tuning import Knob  # noqa: E402
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import hvdlite as hvd
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
-from hvdlite.core import waiting
+from hvdlite.failure import waiting
 from tests.mpi.outcomes import channel
 
 

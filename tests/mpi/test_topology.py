@@ -5,8 +5,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.core.topology import detect
-from hvdlite.core.transport_mpi import MpiTransport
+from hvdlite.transport.mpi_transport import MpiTransport
+from hvdlite.transport.topology import detect
 
 
 def test_second_init_is_harmless() -> None:

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
 from hvdlite.api import runtime  # noqa: E402
-from hvdlite.core.requests import Kind  # noqa: E402
+from hvdlite.negotiation.requests import Kind  # noqa: E402
 
 PER_RANK = 6           # samples per rank per micro-batch
 TOLERANCE = 1e-10      # float64 models: only summation order differs

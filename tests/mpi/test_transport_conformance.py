@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from mpi4py import MPI
 
-from hvdlite.core.transport_mpi import MpiTransport
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests import transport_conformance as conformance
 
 pytestmark = pytest.mark.timeout(120)

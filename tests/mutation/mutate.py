@@ -1,7 +1,7 @@
 """Mutation testing with cosmic-ray, driving the real tests of each module.
 
     python tests/mutation/mutate.py                      # every module in TESTS
-    python tests/mutation/mutate.py hvdlite/core/fusion.py [more modules]
+    python tests/mutation/mutate.py hvdlite/engine/fusion.py [more modules]
     python tests/mutation/mutate.py --resume MODULE      # finish an interrupted run
     python tests/mutation/mutate.py --report MODULE      # print a finished run again
     python tests/mutation/mutate.py --workers 4 MODULE   # several mutants at once

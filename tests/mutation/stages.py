@@ -52,23 +52,23 @@ _ENGINE_STAGES: list[Stage] = [
 
 # module -> (seconds allowed per mutant, stages)
 TESTS: dict[str, tuple[int, list[Stage]]] = {
-    "hvdlite/core/fusion.py": (300, [
+    "hvdlite/engine/fusion.py": (300, [
         ("unit", "tests/unit/test_fusion.py tests/unit/test_planning.py"), _MPI_REDUCE]),
-    "hvdlite/core/negotiation.py": (300, [
+    "hvdlite/negotiation/coordinator.py": (300, [
         ("unit", "tests/unit/test_negotiation.py tests/unit/test_planning.py"),
         ("mpi2", "tests/mpi/test_errors.py tests/mpi/test_bad_inputs.py "
                  "tests/mpi/test_collectives.py")]),
-    "hvdlite/core/executor.py": (400, _EXECUTOR_STAGES),
-    "hvdlite/core/packing.py": (400, _EXECUTOR_STAGES),   # the executor's own packing
-    "hvdlite/core/scaling.py": (300, [
+    "hvdlite/engine/executor.py": (400, _EXECUTOR_STAGES),
+    "hvdlite/engine/packing.py": (400, _EXECUTOR_STAGES),   # the executor's own packing
+    "hvdlite/engine/scaling.py": (300, [
         ("unit", "tests/unit/test_scaling.py tests/unit/test_stream_ordered.py"),
         ("mpi3", "tests/mpi/test_scaling.py")]),
     # The device registry: its unit tests stand in a device, a stream backend and a plugin.
-    "hvdlite/core/devices.py": (60, [
+    "hvdlite/engine/devices.py": (60, [
         ("unit", "tests/unit/test_devices.py tests/unit/test_stream_ordered.py "
                  "tests/unit/test_backend_registry.py"),
         ("mpi2", "tests/mpi/test_allreduce.py")]),
-    "hvdlite/core/chain.py": (60, [
+    "hvdlite/engine/chain.py": (60, [
         ("unit", "tests/unit/test_chain.py tests/unit/test_stream_ordered.py "
                  "tests/unit/test_backend_registry.py"),
         ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_traffic.py "
@@ -78,70 +78,70 @@ TESTS: dict[str, tuple[int, list[Stage]]] = {
         ("unit", "tests/unit/test_backend_registry.py tests/unit/test_chain.py"),
         ("mpi2", "tests/mpi/test_registered_backend.py")]),
     # Plain threading code, fully exercised by its unit tests.
-    "hvdlite/core/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
+    "hvdlite/engine/handles.py": (60, [("unit", "tests/unit/test_handles.py")]),
     # rank 0's stall checks over the real coordinator, with a fake clock; the note for a
     # stall held behind a stuck round, through the engine.
-    "hvdlite/core/stall.py": (60, [
+    "hvdlite/failure/stall.py": (60, [
         ("unit", "tests/unit/test_stall.py tests/unit/test_engine.py")]),
     # init(process_sets=...)'s agreement, pure and at engine set-up, then while running.
-    "hvdlite/core/set_agreement.py": (60, [
+    "hvdlite/negotiation/set_agreement.py": (60, [
         ("unit", "tests/unit/test_set_agreement.py"),
         ("mpi2", "tests/mpi/test_init_process_sets.py")]),
     # The thread level asked for; whole jobs that leave MPI to hvdlite or initialise it.
-    "hvdlite/core/mpi_init.py": (120, [
+    "hvdlite/transport/mpi_init.py": (120, [
         ("unit", "tests/unit/test_mpi_init.py tests/integration/test_mpi_init.py")]),
     # The trace writer's thread, its file and a process that never closes it.
-    "hvdlite/core/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
-    "hvdlite/core/mpi_library.py": (60, [
+    "hvdlite/recording/timeline.py": (60, [("unit", "tests/unit/test_timeline.py")]),
+    "hvdlite/transport/mpi_library.py": (60, [
         ("unit", "tests/unit/test_mpi_library.py tests/unit/test_runner.py")]),
     # Descriptors, requests and responses, then the modules that read them, all in-process.
-    "hvdlite/core/requests.py": (60, [
+    "hvdlite/negotiation/requests.py": (60, [
         ("unit", "tests/unit/test_requests.py tests/unit/test_negotiation.py "
                  "tests/unit/test_cache.py tests/unit/test_fusion.py "
                  "tests/unit/test_planning.py")]),
     # Process sets over a fake world communicator, then real splits under MPI.
-    "hvdlite/core/process_sets.py": (60, [
+    "hvdlite/negotiation/process_sets.py": (60, [
         ("unit", "tests/unit/test_process_sets.py"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
     # Layouts of uneven nodes over threads (a communicator that splits as MPI would), then
     # the real splits.
-    "hvdlite/core/topology.py": (60, [
+    "hvdlite/transport/topology.py": (60, [
         ("unit", "tests/unit/test_topology.py tests/unit/test_planning.py "
                  "tests/unit/test_runner.py"),
         ("mpi2", "tests/mpi/test_topology.py")]),
-    "hvdlite/core/recorder.py": (60, [
+    "hvdlite/recording/recorder.py": (60, [
         ("unit", "tests/unit/test_recorder.py tests/unit/test_report.py")]),
     # The wait schedule over a fake clock and fake MPI requests; batches and the doorbell;
     # the idle ticks (test_engine.py) and all_done (test_process_sets.py).
-    "hvdlite/core/waiting.py": (60, [
+    "hvdlite/failure/waiting.py": (60, [
         ("unit", "tests/unit/test_waiting.py tests/unit/test_batches.py "
                  "tests/unit/test_handles.py tests/unit/test_engine.py "
                  "tests/unit/test_process_sets.py")]),
     # The guard runs as a real child process (a socketpair stands in for hydra's PMI fd).
-    "hvdlite/core/exit_guard.py": (60, [
+    "hvdlite/failure/exit_guard.py": (60, [
         ("unit", "tests/unit/test_exit_guard.py"),
         ("unit", "tests/unit/test_liveness.py -k guard")]),
     # Aborts, exits and hooks in-process, with MPI_Abort and os._exit faked; then the
     # recorded sys.exit status at a real interpreter exit.
-    "hvdlite/core/failure.py": (60, [
+    "hvdlite/failure/abort_on_error.py": (60, [
         ("unit", "tests/unit/test_failure.py"),
         ("unit", "tests/unit/test_liveness.py -k sys_exit")]),
     # The Monitor and the check in-process, then full negotiation rounds at -n 2.
-    "hvdlite/core/liveness.py": (60, [
+    "hvdlite/failure/liveness.py": (60, [
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_liveness.py "
                  "-k not(guard)and(not(sys_exit))"),
         ("mpi2", "tests/mpi/test_process_set_registry.py")]),
     # MPI's transport: the channel, rounds and awaited gather and bcast on a one-rank world,
     # then the conformance checks every transport passes, at -n 2.
-    "hvdlite/core/transport_mpi.py": (60, [
+    "hvdlite/transport/mpi_transport.py": (60, [
         ("unit", "tests/unit/test_liveness_check.py tests/unit/test_process_sets.py"),
         ("mpi2", "tests/mpi/test_transport_conformance.py")]),
     # Stand-in peers are child processes of the test, killed to play a rank that dies.
-    "hvdlite/core/sentinel.py": (60, [
+    "hvdlite/failure/sentinel.py": (60, [
         ("unit", "tests/unit/test_sentinel.py")]),
-    "hvdlite/core/engine.py": (600, _ENGINE_STAGES),
-    "hvdlite/core/stopping.py": (600, _ENGINE_STAGES),   # how the engine stops, inherited
-    "hvdlite/core/cache.py": (300, [
+    "hvdlite/engine/engine.py": (600, _ENGINE_STAGES),
+    "hvdlite/engine/stopping.py": (600, _ENGINE_STAGES),   # how the engine stops, inherited
+    "hvdlite/negotiation/cache.py": (300, [
         ("unit", "tests/unit/test_cache.py"), _UNIT_PLANNING, ("mpi2", "tests/mpi/test_allreduce.py tests/mpi/test_errors.py")]),
     "hvdlite/api/compression.py": (300, [
         ("unit", "tests/unit/test_compression.py"),

@@ -47,7 +47,7 @@ from typing import Any, Optional
 import numpy as np
 
 from hvdlite.api.adapter import TensorAdapter
-from hvdlite.core.requests import dtype_name, to_dtype
+from hvdlite.negotiation.requests import dtype_name, to_dtype
 from tests.unit import fake_cupy, fake_nccl
 
 NCCL_VERSION = 22809       # the release GPU machines here run (2.28.9)

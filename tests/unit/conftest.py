@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import pytest
 
 from hvdlite.backends import registry
-from hvdlite.core import devices
+from hvdlite.engine import devices
 
 
 @pytest.fixture

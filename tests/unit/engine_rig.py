@@ -21,11 +21,12 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite.config import Config
-from hvdlite.core import exit_guard, failure, stopping
-from hvdlite.core.engine import Engine
-from hvdlite.core.negotiation import Report
-from hvdlite.core.requests import Descriptor, Kind, Request
-from hvdlite.core.transport_mpi import MpiTransport
+from hvdlite.engine import stopping
+from hvdlite.engine.engine import Engine
+from hvdlite.failure import exit_guard, abort_on_error
+from hvdlite.negotiation.coordinator import Report
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
+from hvdlite.transport.mpi_transport import MpiTransport
 
 # Short idle waits; nothing outside the test process (no exit guard, no abort).
 QUIET = dict(cycle_time=1.0, exit_guard=False, abort_on_error=False)
@@ -150,10 +151,10 @@ def world(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
             seen.ends.append(("_exit", status))
 
     monkeypatch.setattr(stopping, "os", Os())
-    monkeypatch.setattr(failure, "ABORT_GRACE_S", 0.0)
-    monkeypatch.setattr(failure, "mark_broken", lambda *args: seen.broken.append(args))
+    monkeypatch.setattr(abort_on_error, "ABORT_GRACE_S", 0.0)
+    monkeypatch.setattr(abort_on_error, "mark_broken", lambda *args: seen.broken.append(args))
     for name in ("abort_if_broken", "abort_if_exiting_with_error"):
-        monkeypatch.setattr(failure, name, lambda name=name: seen.calls.append(name))
+        monkeypatch.setattr(abort_on_error, name, lambda name=name: seen.calls.append(name))
     monkeypatch.setattr(exit_guard, "spawn", lambda *args: seen.spawned.append(args))
     return seen
 

@@ -1,7 +1,7 @@
 """Running the executor without MPI processes, for test_executor.py and
 test_executor_runs.py: every rank of a set is a thread running its own Executor
 over tests/unit/fake_comm.py, with the real MPI, ring and parameter-server
-backends (found necessary by make mutate on hvdlite/core/executor.py: each of
+backends (found necessary by make mutate on hvdlite/engine/executor.py: each of
 its mutants cost an mpiexec run, hours for the module). Responses and requests
 are built as the engine builds them: the response carries the coordinator's
 (rank 0's) descriptor, a rank that has joined has no request."""
@@ -16,8 +16,8 @@ import pytest
 from hvdlite.backends import ps as ps_backend
 from hvdlite.backends import ring as ring_backend
 from hvdlite.config import Config
-from hvdlite.core.executor import Executor
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.engine.executor import Executor
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
 from tests.unit.fake_comm import FAKE_MPI, ThreadComm, run_ranks
 
 SET = 3                      # not set 0: the executor must use the id it is given

@@ -1,5 +1,5 @@
 """The in-process transport: threads as ranks, the second implementation of
-hvdlite/core/transport.py (MPI is the first), held to the same conformance checks
+hvdlite/transport/base.py (MPI is the first), held to the same conformance checks
 (tests/transport_conformance.py).
 
 Collectives are matched by their position in each rank's sequence of calls on a
@@ -21,8 +21,8 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
-from hvdlite.core.transport import Await, check_data_op
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Await, check_data_op
 from tests.unit.fake_comm import ThreadComm, ThreadWorld, run_threads
 
 TIMEOUT = 10.0

@@ -13,9 +13,9 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.config import OPTIONS, Config
-from hvdlite.core.requests import Descriptor, Kind, Request
-from hvdlite.core.timeline import Timeline
 from hvdlite.errors import ConfigError, HvdliteError, NotInitializedError
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
+from hvdlite.recording.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION_PAGE = ROOT / "docs" / "configuration.md"

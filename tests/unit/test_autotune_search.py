@@ -12,10 +12,10 @@ import pytest
 
 from hvdlite.config import Config, fields_set
 from hvdlite.config_values import ONE_BUCKET
-from hvdlite.core import autotune
-from hvdlite.core.autotune import Knob, Observed, Search
-from hvdlite.core.defaults import NO_RING
 from hvdlite.errors import ConfigError
+from hvdlite.policy import tuning
+from hvdlite.policy.defaults import NO_RING
+from hvdlite.policy.tuning import Knob, Observed, Search
 
 START = {"spin_time": 100.0, "cycle_time": 1.0}
 KNOBS = [Knob("spin_time", (0.0, 100.0)), Knob("cycle_time", (0.25, 1.0, 5.0))]
@@ -102,13 +102,13 @@ def test_ring_thresholds_split_the_models_sizes_differently() -> None:
     mib = 1 << 20
     # Buckets of 1 MiB (class 21) and 25 MiB (class 25); a 4 KiB loss (class 13).
     classes = [13, 21, 25]
-    assert autotune.ring_thresholds(2 * mib, classes) == (1 * mib, 2 * mib, NO_RING)
+    assert tuning.ring_thresholds(2 * mib, classes) == (1 * mib, 2 * mib, NO_RING)
     # 2 MiB and 16 MiB split them alike: the current one stands for its split.
-    assert autotune.ring_thresholds(16 * mib, classes) == (1 * mib, 16 * mib, NO_RING)
-    assert autotune.ring_thresholds(NO_RING, classes) == (1 * mib, 16 * mib, NO_RING)
-    assert autotune.ring_thresholds(2 * mib, [13]) == (2 * mib,)       # nothing large
-    many = autotune.ring_thresholds(2 * mib, list(range(17, 30)))
-    assert len(many) == autotune.MAX_PATHS and {1 << 16, 2 * mib, NO_RING} <= set(many)
+    assert tuning.ring_thresholds(16 * mib, classes) == (1 * mib, 16 * mib, NO_RING)
+    assert tuning.ring_thresholds(NO_RING, classes) == (1 * mib, 16 * mib, NO_RING)
+    assert tuning.ring_thresholds(2 * mib, [13]) == (2 * mib,)       # nothing large
+    many = tuning.ring_thresholds(2 * mib, list(range(17, 30)))
+    assert len(many) == tuning.MAX_PATHS and {1 << 16, 2 * mib, NO_RING} <= set(many)
 
 
 def _config(**changes: Any) -> Any:
@@ -117,27 +117,27 @@ def _config(**changes: Any) -> Any:
 
 def test_plan_tries_only_what_can_matter_and_nothing_the_user_set() -> None:
     sizes = Observed({21: 10, 25: 20}, packed=False)
-    names = [k.name for k in autotune.plan(_config(), set(), sizes, set())]
+    names = [k.name for k in tuning.plan(_config(), set(), sizes, set())]
     assert names == ["ring_threshold", "ring_chunk", "spin_time", "cycle_time"]
     packed = Observed({21: 10}, packed=True)
-    names = [k.name for k in autotune.plan(_config(), {"cycle_time"}, packed, {"bucket_bytes"})]
+    names = [k.name for k in tuning.plan(_config(), {"cycle_time"}, packed, {"bucket_bytes"})]
     assert names == ["ring_threshold", "bucket_bytes", "ring_chunk", "fusion_threshold",
                      "direct_threshold", "spin_time"]
     # HVDLITE_ALLREDUCE=mpi: no path and no ring to tune.
-    names = [k.name for k in autotune.plan(_config(allreduce="mpi"), {"allreduce"}, sizes, set())]
+    names = [k.name for k in tuning.plan(_config(allreduce="mpi"), {"allreduce"}, sizes, set())]
     assert names == ["spin_time", "cycle_time"]
-    chunk = next(k for k in autotune.plan(_config(), set(), sizes, set()) if k.name == "ring_chunk")
+    chunk = next(k for k in tuning.plan(_config(), set(), sizes, set()) if k.name == "ring_chunk")
     assert chunk.applies({"ring_threshold": 2 << 20})
     assert not chunk.applies({"ring_threshold": NO_RING})       # no ring runs: no chunk
 
 
 def test_bucket_caps_include_one_bucket_and_from_one_bucket_the_fixed_default() -> None:
     mib = 1 << 20
-    assert autotune.bucket_caps(25 * mib) == (6 * mib + mib // 4, 25 * mib, 100 * mib, ONE_BUCKET)
-    assert autotune.bucket_caps(2 * mib) == (mib, 2 * mib, 8 * mib, ONE_BUCKET)
-    assert autotune.bucket_caps(ONE_BUCKET) == (25 * mib, ONE_BUCKET)
-    assert autotune.render("bucket_bytes", ONE_BUCKET) == "all"
-    assert autotune.render("ring_threshold", NO_RING) == "never"
+    assert tuning.bucket_caps(25 * mib) == (6 * mib + mib // 4, 25 * mib, 100 * mib, ONE_BUCKET)
+    assert tuning.bucket_caps(2 * mib) == (mib, 2 * mib, 8 * mib, ONE_BUCKET)
+    assert tuning.bucket_caps(ONE_BUCKET) == (25 * mib, ONE_BUCKET)
+    assert tuning.render("bucket_bytes", ONE_BUCKET) == "all"
+    assert tuning.render("ring_threshold", NO_RING) == "never"
 
 
 def test_every_planned_value_is_a_valid_setting() -> None:
@@ -145,7 +145,7 @@ def test_every_planned_value_is_a_valid_setting() -> None:
     config = _config()
     crowded = _config(bucket_bytes=ONE_BUCKET)
     for config in (config, crowded):
-        for knob in autotune.plan(config, set(), observed, {"bucket_bytes"}):
+        for knob in tuning.plan(config, set(), observed, {"bucket_bytes"}):
             for value in knob.values:
                 assert getattr(config.replace(**{knob.name: value}), knob.name) == value
 
@@ -179,7 +179,7 @@ def test_report_lines_say_what_was_chosen_and_why() -> None:
               "autotune": {"finished": True, "trials": trials, "tuning_steps": 40,
                            "changes": {"spin_time": 0.0}, "reason": "chosen: side by side",
                            "fixed": ["cycle_time"]}}
-    lines = autotune.report_lines(record)
+    lines = tuning.report_lines(record)
     assert lines[0].startswith("default: HVDLITE_RING_THRESHOLD=never")
     assert lines[1] == ("autotune: spin_time=0 us, after 3 trials in the first 40 steps; "
                         "chosen: side by side")
@@ -187,13 +187,13 @@ def test_report_lines_say_what_was_chosen_and_why() -> None:
     assert lines[3].startswith("  trial 2 (spin_time): 450.00 ms per step; spin_time: 0 us")
     assert lines[4] == "  not tuned (set by the user): cycle_time"
     unfinished = {"defaults": [], "autotune": {**record["autotune"], "finished": False}}
-    assert autotune.report_lines(unfinished)[0].startswith("autotune: unfinished")
-    assert autotune.report_lines(None) == [] and autotune.report_lines(
+    assert tuning.report_lines(unfinished)[0].startswith("autotune: unfinished")
+    assert tuning.report_lines(None) == [] and tuning.report_lines(
         {"defaults": [], "autotune": None}) == []
 
 
 def test_the_autotune_log_is_checked_at_init_only_while_autotune_runs(tmp_path: Any) -> None:
-    from hvdlite.core import outputs
+    from hvdlite.recording import outputs
     missing = str(tmp_path / "missing" / "log.csv")
     on = SimpleNamespace(report="", timeline_path="", elastic_dir="", autotune=True,
                          autotune_log=missing)
@@ -209,7 +209,7 @@ def test_the_autotune_log_is_checked_at_init_only_while_autotune_runs(tmp_path: 
 def test_a_dropped_follower_stops_following(monkeypatch: pytest.MonkeyPatch) -> None:
     """An optimizer following bucket_bytes through a bound method may be dropped without
     unregistering: autotune then stops trying bucket sizes for it."""
-    from hvdlite.api import autotune as api
+    from hvdlite.diagnostics import autotune as api
     monkeypatch.setattr(api, "FOLLOWERS", {})
     seen: list[int] = []
 
@@ -233,10 +233,10 @@ def test_a_failing_search_ends_tuning_on_the_starting_settings(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0's decision is what the other ranks wait for in a broadcast: a search
     that raises must still send one (stop, starting settings), never leave them."""
-    from hvdlite.api import autotune as api
+    from hvdlite.diagnostics import autotune as api
     config = Config.load({}, autotune_warmup_steps=1, autotune_steps_per_sample=1)
     tuner = api.Tuner(config, 0, fixed=set(), planner=lambda observed: 1 / 0)
     decision = tuner._decide([0.5, 0.6])
     assert decision["done"] and decision["trial"] is None
-    assert decision["settings"] == autotune.starting_settings(config)
+    assert decision["settings"] == tuning.starting_settings(config)
     assert decision["reason"].startswith("autotune failed (ZeroDivisionError")

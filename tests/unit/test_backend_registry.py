@@ -10,7 +10,7 @@ import pytest
 
 from hvdlite.backends import register_backend, registry, unregister_backend
 from hvdlite.config import Config, parse_backends
-from hvdlite.core.chain import BackendChain
+from hvdlite.engine.chain import BackendChain
 from hvdlite.errors import ConfigError, UnknownBackendError, UsageError
 from hvdlite.reduce_op import ReduceOp
 from tests.unit.fake_comm import RecordingComm
@@ -166,7 +166,7 @@ def test_a_device_plugin_fills_in_its_declared_backends() -> None:
 
 
 def test_the_old_devices_route_registers_by_the_backends_name_for_every_device() -> None:
-    from hvdlite.core import devices
+    from hvdlite.engine import devices
     toy = _toy("old-route")
     devices.register_backend(toy)
     devices.register_backend(toy)
@@ -196,7 +196,7 @@ def test_the_cuda_plugin_fills_in_nccl_and_staged_where_they_were_declared(
     its backends take their declared names (which HVDLITE_BACKENDS could name before);
     without NCCL, only staging serves. torch-nccl serves only sets on the torch
     transport (torchrun), so an MPI world never picks it."""
-    from hvdlite.core import devices
+    from hvdlite.engine import devices
     gpu = load(nccl_version)
     monkeypatch.setitem(devices._PLUGINS, "cuda", "hvdlite.backends.gpu")
     chain = _chain(backends="cuda:nccl")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hvdlite.api import runtime
-from hvdlite.core import waiting
+from hvdlite.failure import waiting
 from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor
 
 

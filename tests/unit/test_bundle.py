@@ -9,8 +9,8 @@ import pytest
 import hvdlite as hvd
 from hvdlite.api.adapter import NUMPY
 from hvdlite.api.bundle import BUNDLED_BELOW, small_items
-from hvdlite.core.negotiation import find_mismatch
-from hvdlite.core.requests import Descriptor, Kind
+from hvdlite.negotiation.coordinator import find_mismatch
+from hvdlite.negotiation.requests import Descriptor, Kind
 
 BIG = BUNDLED_BELOW // 4          # float32 elements of a tensor that goes alone
 

@@ -1,12 +1,12 @@
 """The negotiation cache's bit vector size, its capacity edge cases, and the bit a
-request remembers until the cache changes (found by make mutate on core/cache.py)."""
+request remembers until the cache changes (found by make mutate on negotiation/cache.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hvdlite.core.cache import ResponseCache
-from hvdlite.core.requests import Descriptor, Kind, Request, Response
+from hvdlite.negotiation.cache import ResponseCache
+from hvdlite.negotiation.requests import Descriptor, Kind, Request, Response
 
 
 def _desc(name: str) -> Descriptor:

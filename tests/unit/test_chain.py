@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvdlite.config import Config
-from hvdlite.core.chain import BackendChain
+from hvdlite.engine.chain import BackendChain
 from hvdlite.reduce_op import ReduceOp
 from tests.unit import fake_device_plugin as plugin
 from tests.unit.fake_comm import RecordingComm

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdlite.core import deadlock
-from hvdlite.core.deadlock import BLOCKED, NO_DEADLOCK_CHECK, DeadlockWatch, describe
-from hvdlite.core.negotiation import Report, Verdict
-from hvdlite.core.requests import Response
 from hvdlite.errors import DeadlockError
+from hvdlite.failure import deadlock
+from hvdlite.failure.deadlock import BLOCKED, NO_DEADLOCK_CHECK, DeadlockWatch, describe
+from hvdlite.negotiation.coordinator import Report, Verdict
+from hvdlite.negotiation.requests import Response
 from tests.unit.engine_rig import allreduce, outcome, second_set, set_up
 from tests.unit.test_negotiation import d
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.core import cpus, defaults
 from hvdlite.config_values import ONE_BUCKET
-from hvdlite.core.defaults import NO_RING, Node, Placement
+from hvdlite.policy import cpus, defaults
+from hvdlite.policy.defaults import NO_RING, Node, Placement
 
 CROWDED = {"ring_threshold": NO_RING, "bucket_bytes": ONE_BUCKET}
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdlite.core import devices
+from hvdlite.engine import devices
 from tests.unit import fake_device_plugin as plugin
 
 

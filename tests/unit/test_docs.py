@@ -165,14 +165,14 @@ def test_architecture_names_every_backend() -> None:
 
 # The names the maintainers' page and the guides give in backticks, checked against the
 # code. A token is checked when it can only mean hvdlite's code:
-# - a dotted name from `hvdlite.` (`hvdlite.core.liveness.Monitor`), imported and looked up;
+# - a dotted name from `hvdlite.` (`hvdlite.failure.liveness.Monitor`), imported and looked up;
 # - `hvd.NAME`: a name of hvdlite or of one of its bindings;
 # - `module.name` whose first part is a module or package the same page names as a file
 #   or folder (`liveness.gather` where the page names `liveness.py`), looked up in every
 #   hvdlite module of that name, or on a class defined there (`chain.pick`: a chain's);
 # - `Class.attr` where every top-level definition of that name in hvdlite is a class;
 # - a module path followed by names: "`fusion.py` (`plan_groups`, ...)", "`engine.py`'s
-#   `Engine`", "`Engine` in `hvdlite/core/engine.py`": each name must be in that module.
+#   `Engine`", "`Engine` in `hvdlite/engine/engine.py`": each name must be in that module.
 # Anything else (`torch.distributed`, `model.fit`, a setting, a value) is the reader's code
 # or another project's, and is not checked. Fenced blocks run in test_docs_examples.
 NAMED_PAGES = [DOCS / "ARCHITECTURE.md", DOCS / "dev" / "testing.md",
@@ -281,7 +281,7 @@ CLASSES_IN = {module: [name for name, where in DEFINITIONS.items()
 
 
 def _modules_for_path(path: str) -> list[str]:
-    """The hvdlite modules a backticked path means: hvdlite/core/x.py one, x.py any."""
+    """The hvdlite modules a backticked path means: hvdlite/engine/x.py one, x.py any."""
     dotted = path.removesuffix(".py").removesuffix("/").replace("/", ".")
     dotted = dotted.removesuffix(".__init__")
     if dotted.startswith("hvdlite"):
@@ -366,17 +366,17 @@ def test_every_name_a_page_gives_exists(page: Path) -> None:
 def test_the_name_check_reports_each_kind_of_absent_name(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "The engine (`hvdlite/core/engine.py`, `liveness.py`) gathers with "
-        "`liveness.gather` and `hvdlite.core.liveness.no_such`; `hvd.no_such_op()`; "
+        "The engine (`hvdlite/engine/engine.py`, `liveness.py`) gathers with "
+        "`liveness.gather` and `hvdlite.failure.liveness.no_such`; `hvd.no_such_op()`; "
         "`Engine.no_such_method`; `fusion.py` (`plan_groups`, `no_such_plan`); "
-        "`engine.py`'s `NoSuchEngine`; `NoSuchTransport` in `hvdlite/core/transport.py`.\n"
-        "Present: `liveness.patient_tick_s`, `hvdlite.core.liveness.Monitor`, "
+        "`engine.py`'s `NoSuchEngine`; `NoSuchTransport` in `hvdlite/transport/base.py`.\n"
+        "Present: `liveness.patient_tick_s`, `hvdlite.failure.liveness.Monitor`, "
         "`hvd.allreduce`, `Engine.submit`, `HostBackend.declined` (set in __init__), "
-        "`Transport` in `hvdlite/core/transport.py`. Not hvdlite's: `torch.distributed`, "
+        "`Transport` in `hvdlite/transport/base.py`. Not hvdlite's: `torch.distributed`, "
         "`model.fit`, `registry.nothing` (this page names no registry.py).\n"
         "```python\nliveness.in_a_block_is_not_prose\n```\n")
-    absent = {"`Engine.no_such_method`", "`hvdlite.core.liveness.no_such`", "`liveness.gather`",
-              "`NoSuchEngine` in `engine.py`", "`NoSuchTransport` in `hvdlite/core/transport.py`",
+    absent = {"`Engine.no_such_method`", "`hvdlite.failure.liveness.no_such`", "`liveness.gather`",
+              "`NoSuchEngine` in `engine.py`", "`NoSuchTransport` in `hvdlite/transport/base.py`",
               "`no_such_plan` in `fusion.py`"}
     if all(importlib.util.find_spec(name) for name in FRAMEWORKS):
         absent.add("`hvd.no_such_op`")      # else a binding it could be in is not installed

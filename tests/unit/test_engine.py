@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdlite.core import engine as engine_module
-from hvdlite.core import stall
-from hvdlite.core.process_sets import NO_FULL_ROUND, RANK_IDLE
-from hvdlite.core.requests import Descriptor, Kind, Request
+from hvdlite.engine import engine as engine_module
 from hvdlite.errors import HvdliteError, MismatchError
+from hvdlite.failure import stall
+from hvdlite.negotiation.process_sets import NO_FULL_ROUND, RANK_IDLE
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
 from tests.unit import engine_rig
 from tests.unit.engine_rig import (Bell, FullRounds, Records, Work, allreduce, engine_at_one_rank,
                                    marker, outcome, second_set, set_up)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvdlite.core.process_sets import NO_FULL_ROUND
-from hvdlite.core.requests import Descriptor, Kind, Request
+from hvdlite.negotiation.process_sets import NO_FULL_ROUND
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
 from tests.unit.engine_rig import FullRounds, outcome, second_set, set_up
 
 pytestmark = pytest.mark.timeout(60)

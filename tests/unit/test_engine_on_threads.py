@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hvdlite.config import Config
-from hvdlite.core.engine import Engine
+from hvdlite.engine.engine import Engine
 from hvdlite.errors import MismatchError
 from tests.unit.engine_rig import QUIET, allreduce
 from tests.unit.fake_transport import ThreadTransport, run_transports

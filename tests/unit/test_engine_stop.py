@@ -17,10 +17,11 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite.config import Config
-from hvdlite.core import liveness, stopping
-from hvdlite.core.engine import Engine
-from hvdlite.core.negotiation import Report
+from hvdlite.engine import stopping
+from hvdlite.engine.engine import Engine
 from hvdlite.errors import HvdliteError, PeerLostError, ShutdownError, StallError
+from hvdlite.failure import liveness
+from hvdlite.negotiation.coordinator import Report
 from tests.unit import engine_rig
 from tests.unit.engine_rig import (QUIET, FullRounds, Records, allreduce, engine_at_one_rank,
                                    outcome, rank_3_world, second_set, set_up)

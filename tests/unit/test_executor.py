@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from hvdlite.core.requests import Kind, ReduceOp, Request, Response
+from hvdlite.negotiation.requests import Kind, ReduceOp, Request, Response
 from tests.unit.executor_ranks import (BF16, SET, SIZES, UFUNCS, Ranks, allreduce, contribution,
                                        desc, expected, fake_requests, on_ranks, responses_for)
 

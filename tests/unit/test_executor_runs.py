@@ -13,10 +13,10 @@ import pytest
 
 from hvdlite.backends.base import even_counts
 from hvdlite.config import Config
-from hvdlite.core import executor as executor_module
-from hvdlite.core import packing
-from hvdlite.core.executor import Executor
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.engine import executor as executor_module
+from hvdlite.engine import packing
+from hvdlite.engine.executor import Executor
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
 from tests.unit.executor_ranks import (BF16, SET, SIZES, Ranks, allreduce, contribution, desc,
                                        expected, fake_requests, on_ranks, responses_for)
 from tests.unit.fake_comm import ThreadComm, run_ranks

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from hvdlite.core import exit_guard
+from hvdlite.failure import exit_guard
 
 
 @pytest.fixture

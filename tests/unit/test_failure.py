@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from hvdlite.core import failure
+from hvdlite.failure import abort_on_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,49 +41,50 @@ class Ends:
 
 @pytest.fixture
 def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
-    """A failure module whose aborts and exits are recorded, whose sleeps are
+    """A abort_on_error module whose aborts and exits are recorded, whose sleeps are
     recorded, and whose state is restored after the test."""
     fake = Ends()
     # The world as the transport seam leaves it before install(): MPI's COMM_WORLD.
-    monkeypatch.setattr(failure, "_abort_world", fake.Abort)
-    monkeypatch.setattr(failure, "_mpi_world_who", lambda: (5, 8))
-    monkeypatch.setattr(failure, "os", SimpleNamespace(write=os.write, fsync=os.fsync,
+    monkeypatch.setattr(abort_on_error, "_abort_world", fake.Abort)
+    monkeypatch.setattr(abort_on_error, "_mpi_world_who", lambda: (5, 8))
+    monkeypatch.setattr(abort_on_error, "os", SimpleNamespace(write=os.write, fsync=os.fsync,
                                                       _exit=fake._exit))
-    monkeypatch.setattr(failure, "time", SimpleNamespace(sleep=lambda s: fake.calls.append(
+    monkeypatch.setattr(abort_on_error, "time", SimpleNamespace(sleep=lambda s: fake.calls.append(
         ("sleep", s))))  # type: ignore[arg-type]
-    monkeypatch.setattr(failure, "socket", SimpleNamespace(gethostname=lambda: "node7"))
+    monkeypatch.setattr(abort_on_error, "socket", SimpleNamespace(gethostname=lambda: "node7"))
     for name, value in (("_installed", False), ("_who", None), ("_exit_status", None),
                         ("_broken", None), ("_transport", "mpi")):
-        monkeypatch.setattr(failure, name, value)
+        monkeypatch.setattr(abort_on_error, name, value)
     yield fake
 
 
 @pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (3, 3), (256, 0), (257, 1),
                                          (-1, 255), (True, 1), ("bad input", 1)])
 def test_the_status_python_derives_from_a_sys_exit_code(code: object, status: int) -> None:
-    assert failure._status(code) == status
+    assert abort_on_error._status(code) == status
 
 
 def test_abort_now_ends_the_process_even_when_mpi_abort_returns_or_fails(ends: Ends) -> None:
     with pytest.raises(Aborted):
-        failure.abort_now(3)
+        abort_on_error.abort_now(3)
     assert ends.calls == [("Abort", 3), ("_exit", 3)]
     ends.calls.clear()
     ends.abort_raises = True
     with pytest.raises(Aborted):
-        failure.abort_now(4)
+        abort_on_error.abort_now(4)
     assert ends.calls == [("Abort", 4), ("_exit", 4)]
 
 
 def test_emit_writes_to_fd_2_after_what_python_buffered_then_waits(
         ends: Ends, capfd: pytest.CaptureFixture) -> None:
     print("buffered", end="")
-    failure.emit("the traceback\n", grace=0.25)
+    abort_on_error.emit("the traceback\n", grace=0.25)
     out, err = capfd.readouterr()
     assert out == "buffered" and err == "the traceback\n"
     assert ends.calls == [("sleep", 0.25)]
-    failure.emit("x")
-    assert ends.calls[-1] == ("sleep", failure.ABORT_GRACE_S) and failure.ABORT_GRACE_S > 0
+    abort_on_error.emit("x")
+    assert abort_on_error.ABORT_GRACE_S > 0
+    assert ends.calls[-1] == ("sleep", abort_on_error.ABORT_GRACE_S)
 
 
 def test_emit_survives_a_closed_stream(ends: Ends, capfd: pytest.CaptureFixture,
@@ -93,7 +94,7 @@ def test_emit_survives_a_closed_stream(ends: Ends, capfd: pytest.CaptureFixture,
             raise ValueError("I/O operation on closed file")
 
     monkeypatch.setattr(sys, "stdout", Closed())
-    failure.emit("still written\n", grace=0.0)
+    abort_on_error.emit("still written\n", grace=0.0)
     assert capfd.readouterr().err == "still written\n"
 
 
@@ -114,9 +115,9 @@ def test_emit_flushes_python_s_streams_before_writing_and_syncs_fd_2(
 
     monkeypatch.setattr(sys, "stdout", Stream("stdout"))
     monkeypatch.setattr(sys, "stderr", Stream("stderr"))
-    monkeypatch.setattr(failure, "os", SimpleNamespace(
+    monkeypatch.setattr(abort_on_error, "os", SimpleNamespace(
         write=write, fsync=lambda fd: events.append(f"fsync {fd}")))
-    failure.emit("text", grace=0.0)
+    abort_on_error.emit("text", grace=0.0)
     assert events == ["flush stdout", "flush stderr", "write 2", "fsync 2"]
 
 
@@ -132,18 +133,18 @@ def test_emit_writes_all_of_a_long_text_and_survives_a_broken_fd_2(
     def refuse(*args: object) -> None:
         raise OSError("not a file")
 
-    monkeypatch.setattr(failure, "os", SimpleNamespace(write=write_some, fsync=refuse))
-    failure.emit("héllo\n", grace=0.0)
+    monkeypatch.setattr(abort_on_error, "os", SimpleNamespace(write=write_some, fsync=refuse))
+    abort_on_error.emit("héllo\n", grace=0.0)
     assert b"".join(written) == "héllo\n".encode()
-    monkeypatch.setattr(failure, "os", SimpleNamespace(write=refuse, fsync=refuse))
-    failure.emit("lost\n", grace=0.5)                  # stderr is gone: still returns
+    monkeypatch.setattr(abort_on_error, "os", SimpleNamespace(write=refuse, fsync=refuse))
+    abort_on_error.emit("lost\n", grace=0.5)                  # stderr is gone: still returns
     assert ends.calls[-1] == ("sleep", 0.5)
 
 
 def test_messages_name_the_rank(ends: Ends, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert failure._identify() == "[hvdlite] rank 5 of 8 on node7"     # asked of MPI
-    monkeypatch.setattr(failure, "_who", (2, 4))
-    assert failure._identify() == "[hvdlite] rank 2 of 4 on node7"
+    assert abort_on_error._identify() == "[hvdlite] rank 5 of 8 on node7"     # asked of MPI
+    monkeypatch.setattr(abort_on_error, "_who", (2, 4))
+    assert abort_on_error._identify() == "[hvdlite] rank 2 of 4 on node7"
 
 
 def test_an_uncaught_error_prints_its_traceback_then_aborts_with_1(
@@ -153,12 +154,12 @@ def test_an_uncaught_error_prints_its_traceback_then_aborts_with_1(
     except KeyError as exc:
         caught = exc
     with pytest.raises(Aborted):
-        failure._abort("the main thread", KeyError, caught, caught.__traceback__)
+        abort_on_error._abort("the main thread", KeyError, caught, caught.__traceback__)
     err = capfd.readouterr().err
     assert err.startswith("[hvdlite] rank 5 of 8 on node7: uncaught KeyError in the main "
                           "thread; aborting the job (HVDLITE_ABORT_ON_ERROR=0 disables this)\n")
     assert "Traceback" in err and "KeyError: 'missing'" in err
-    assert ends.calls == [("sleep", failure.ABORT_GRACE_S), ("Abort", 1), ("_exit", 1)]
+    assert ends.calls == [("sleep", abort_on_error.ABORT_GRACE_S), ("Abort", 1), ("_exit", 1)]
 
 
 @pytest.fixture
@@ -167,38 +168,38 @@ def hooks(monkeypatch: pytest.MonkeyPatch) -> list:
     for module, name in ((sys, "excepthook"), (threading, "excepthook"), (sys, "exit")):
         monkeypatch.setattr(module, name, getattr(module, name))
     aborts: list = []
-    monkeypatch.setattr(failure, "_abort", lambda *args: aborts.append(args))
+    monkeypatch.setattr(abort_on_error, "_abort", lambda *args: aborts.append(args))
     return aborts
 
 
 def test_install_replaces_the_hooks_once_and_not_for_one_rank(ends: Ends, hooks: list) -> None:
     before = (sys.excepthook, threading.excepthook, sys.exit)
-    failure.install(0, 1)
+    abort_on_error.install(0, 1)
     assert (sys.excepthook, threading.excepthook, sys.exit) == before
-    assert failure._who == (0, 1) and not failure._installed
-    failure.install(1, 3)
-    assert failure._who == (1, 3) and failure._installed
-    assert sys.exit is failure._exit
+    assert abort_on_error._who == (0, 1) and not abort_on_error._installed
+    abort_on_error.install(1, 3)
+    assert abort_on_error._who == (1, 3) and abort_on_error._installed
+    assert sys.exit is abort_on_error._exit
     installed = (sys.excepthook, threading.excepthook)
     assert installed[0] is not before[0] and installed[1] is not before[1]
-    failure.install(2, 3)                              # again: the same hooks
-    assert (sys.excepthook, threading.excepthook) == installed and failure._who == (2, 3)
+    abort_on_error.install(2, 3)                              # again: the same hooks
+    assert (sys.excepthook, threading.excepthook) == installed and abort_on_error._who == (2, 3)
 
 
 def test_install_takes_the_transports_abort_for_every_later_abort(ends: Ends, hooks: list) -> None:
     """A transport other than MPI ends the job its own way; without one, MPI_Abort."""
     with pytest.raises(Aborted):
-        failure.abort_now(2)
+        abort_on_error.abort_now(2)
     ends.calls.clear()
-    failure.install(1, 3, abort=lambda status: ends.calls.append(("transport", status)))
+    abort_on_error.install(1, 3, abort=lambda status: ends.calls.append(("transport", status)))
     with pytest.raises(Aborted):
-        failure.abort_now(4)
+        abort_on_error.abort_now(4)
     assert ends.calls == [("transport", 4), ("_exit", 4)]
 
 
 def test_the_hooks_abort_for_errors_but_not_for_a_thread_sys_exit(ends: Ends,
                                                                   hooks: list) -> None:
-    failure.install(0, 2)
+    abort_on_error.install(0, 2)
     error = ValueError("boom")
     sys.excepthook(ValueError, error, None)
     thread = threading.Thread(name="loader")
@@ -216,63 +217,63 @@ def test_the_hooks_abort_for_errors_but_not_for_a_thread_sys_exit(ends: Ends,
 def test_a_caught_sys_exit_is_an_ordinary_system_exit_and_records_nothing(
         ends: Ends) -> None:
     with pytest.raises(SystemExit) as caught:
-        failure._exit(7)
-    assert caught.value.code == 7 and failure._exit_status is None
+        abort_on_error._exit(7)
+    assert caught.value.code == 7 and abort_on_error._exit_status is None
     with pytest.raises(SystemExit) as caught:
-        failure._exit()
+        abort_on_error._exit()
     assert caught.value.code is None
 
 
 def test_exiting_with_an_error_status_aborts_with_it(ends: Ends, capfd: pytest.CaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     for status in (None, 0):
-        monkeypatch.setattr(failure, "_exit_status", status)
-        failure.abort_if_exiting_with_error()
+        monkeypatch.setattr(abort_on_error, "_exit_status", status)
+        abort_on_error.abort_if_exiting_with_error()
     assert ends.calls == [] and capfd.readouterr().err == ""
-    monkeypatch.setattr(failure, "_exit_status", 3)
+    monkeypatch.setattr(abort_on_error, "_exit_status", 3)
     with pytest.raises(Aborted):
-        failure.abort_if_exiting_with_error()
+        abort_on_error.abort_if_exiting_with_error()
     assert capfd.readouterr().err.startswith(
         "[hvdlite] rank 5 of 8 on node7: exiting with status 3 (sys.exit)")
-    assert ends.calls == [("sleep", failure.ABORT_GRACE_S), ("Abort", 3), ("_exit", 3)]
+    assert ends.calls == [("sleep", abort_on_error.ABORT_GRACE_S), ("Abort", 3), ("_exit", 3)]
 
 
 def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
         ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     registered: list[Any] = []
-    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=registered.append))
-    failure.abort_if_broken()                          # nothing lost: nothing to do
+    monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=registered.append))
+    abort_on_error.abort_if_broken()                          # nothing lost: nothing to do
     assert ends.calls == []
-    failure.mark_broken(1, 4, "rank 3 exited")
-    failure.mark_broken(2, 5, "rank 2 timed out")
-    assert registered == [failure.abort_if_broken]
-    assert failure._who == (1, 4)
+    abort_on_error.mark_broken(1, 4, "rank 3 exited")
+    abort_on_error.mark_broken(2, 5, "rank 2 timed out")
+    assert registered == [abort_on_error.abort_if_broken]
+    assert abort_on_error._who == (1, 4)
     with pytest.raises(Aborted):
-        failure.abort_if_broken()
+        abort_on_error.abort_if_broken()
     err = capfd.readouterr().err
     assert err.startswith("[hvdlite] rank 1 of 4 on node7: exiting after losing a peer; "
                           "aborting the job with status 1,")
     assert err.endswith("The loss: rank 3 exited\n") and "MPI_Finalize would wait" in err
-    assert ends.calls == [("sleep", failure.BROKEN_EXIT_GRACE_S), ("Abort", 1), ("_exit", 1)]
+    assert ends.calls == [("sleep", abort_on_error.BROKEN_EXIT_GRACE_S), ("Abort", 1), ("_exit", 1)]
     # A process ending through sys.exit(4) after the loss aborts with 4.
     ends.calls.clear()
-    monkeypatch.setattr(failure, "_exit_status", 4)
+    monkeypatch.setattr(abort_on_error, "_exit_status", 4)
     with pytest.raises(Aborted):
-        failure.abort_if_broken()
+        abort_on_error.abort_if_broken()
     assert ends.calls[1:] == [("Abort", 4), ("_exit", 4)]
 
 
 def test_under_another_transport_the_abort_names_it_not_mpi(
         ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=lambda f: None))
-    failure.use_transport("gloo")
-    failure.mark_broken(1, 4, "rank 3 exited")
+    monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=lambda f: None))
+    abort_on_error.use_transport("gloo")
+    abort_on_error.mark_broken(1, 4, "rank 3 exited")
     with pytest.raises(Aborted):
-        failure.abort_if_broken()
+        abort_on_error.abort_if_broken()
     err = capfd.readouterr().err
     assert "MPI" not in err and "torch.distributed (gloo) would wait for the lost rank" in err
-    assert failure.transport_label() == "torch.distributed (gloo)"
-    assert failure.transport_label("mpi") == "MPI"
+    assert abort_on_error.transport_label() == "torch.distributed (gloo)"
+    assert abort_on_error.transport_label("mpi") == "MPI"
 
 
 def test_a_loss_found_here_is_said_in_one_line_at_once(
@@ -280,27 +281,27 @@ def test_a_loss_found_here_is_said_in_one_line_at_once(
     """Under hydra, the first output after a rank was killed ends the job: the line
     must name the lost rank, and nothing may wait before it."""
     registered: list[Any] = []
-    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=registered.append))
+    monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=registered.append))
     message = "rank 1: lost a peer: rank 3 (pid 812 on node2) exited. No collective ..."
-    failure.report_loss(1, 4, message)
+    abort_on_error.report_loss(1, 4, message)
     assert capfd.readouterr().err == f"[hvdlite] rank 1 of 4 on node7: PeerLostError: {message}\n"
     assert [call for call in ends.calls if call != ("sleep", 0.0)] == []   # no abort yet
-    assert registered == [failure.abort_if_broken] and failure._broken == message
+    assert registered == [abort_on_error.abort_if_broken] and abort_on_error._broken == message
 
 
 def test_a_known_rank_is_kept_when_a_peer_is_lost(ends: Ends,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(failure, "atexit", SimpleNamespace(register=lambda f: None))
-    monkeypatch.setattr(failure, "_who", (0, 2))
-    failure.mark_broken(1, 4, "lost")
-    assert failure._who == (0, 2)
+    monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=lambda f: None))
+    monkeypatch.setattr(abort_on_error, "_who", (0, 2))
+    abort_on_error.mark_broken(1, 4, "lost")
+    assert abort_on_error._who == (0, 2)
 
 
 @pytest.mark.timeout(60)
 def test_install_in_a_fresh_process_replaces_the_hooks() -> None:
-    code = ("import sys, threading; from hvdlite.core import failure; "
-            "hooks = (sys.excepthook, threading.excepthook); failure.install(0, 2); "
-            "print(sys.exit is failure._exit, sys.excepthook is not hooks[0], "
+    code = ("import sys, threading; from hvdlite.failure import abort_on_error; "
+            "hooks = (sys.excepthook, threading.excepthook); abort_on_error.install(0, 2); "
+            "print(sys.exit is abort_on_error._exit, sys.excepthook is not hooks[0], "
             "threading.excepthook is not hooks[1])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=50, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))

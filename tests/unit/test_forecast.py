@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from hvdlite.api import report_summary
-from hvdlite.api import scaling_model as model
+from hvdlite.diagnostics import report_summary
+from hvdlite.diagnostics import scaling_model as model
 from bench import traffic
 from hvdlite import forecast
 from hvdlite.errors import ConfigError

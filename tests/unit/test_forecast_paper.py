@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvdlite.api import scaling_model as model
 from hvdlite import forecast_paper as paper
+from hvdlite.diagnostics import scaling_model as model
 
 TABLE = paper.rows()
 BY_NAME = {row["model"]: row for row in TABLE}

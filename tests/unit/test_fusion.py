@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from hvdlite.core import fusion
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Response
+from hvdlite.engine import fusion
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Response
 
 
 def _response(name: str, count: int = 10, dtype: str = "float32", joined: tuple = (),

@@ -1,4 +1,4 @@
-"""Sleeping on a word of shared memory (hvdlite/core/futex.py): a changed word ends a
+"""Sleeping on a word of shared memory (hvdlite/transport/futex.py): a changed word ends a
 wait at once, an unchanged one sleeps to its limit, and a store plus a wake-up from
 another process ends the sleep early (the case node_memory.py relies on).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdlite.core import futex
+from hvdlite.transport import futex
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not futex.available(), reason="futex: x86-64 Linux only")]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.timeout(120),
 _STORE_THEN_WAKE = """
 import mmap, sys
 import numpy as np
-from hvdlite.core import futex
+from hvdlite.transport import futex
 with open(sys.argv[1], "r+b") as file:
     shared = mmap.mmap(file.fileno(), 4096)
 counter = np.frombuffer(shared, dtype=np.int64, count=1)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from hvdlite.core.handles import HandleTable
-from hvdlite.core.waiting import Doorbell
+from hvdlite.engine.handles import HandleTable
 from hvdlite.errors import HvdliteError
+from hvdlite.failure.waiting import Doorbell
 
 
 def test_handles_are_distinct_and_complete_with_their_own_result() -> None:

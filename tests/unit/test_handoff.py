@@ -1,4 +1,4 @@
-"""hvdlite/backends/handoff.py: tensors handed to Gloo's threads are held until Gloo has
+"""hvdlite/transport/handoff.py: tensors handed to Gloo's threads are held until Gloo has
 let go of them, and the exit hook waits for that before the interpreter finalizes
 (a Gloo thread that releases the last reference during finalization aborts the
 process: 'terminate called without an active exception')."""
@@ -12,8 +12,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from hvdlite.backends import handoff
-from hvdlite.backends.handoff import Handoff
+from hvdlite.transport import handoff
+from hvdlite.transport.handoff import Handoff
 
 
 class Tensor:
@@ -104,7 +104,7 @@ def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> 
     """torch's own Work: while it lives it holds the tensor; once it is gone, nothing."""
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
-    from hvdlite.core import torch_work
+    from hvdlite.transport import torch_work
     group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
     book = Handoff()
     monkeypatch.setattr(torch_work, "HANDOFF", book)
@@ -121,14 +121,14 @@ def test_a_real_gloo_operation_is_let_go_of(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_exit_hook_waits_for_gloo_to_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch.distributed")
-    from hvdlite.core import transport_torch
+    from hvdlite.transport import torch_transport
     book = Handoff()
-    monkeypatch.setattr(transport_torch, "HANDOFF", book)
-    monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch_transport, "HANDOFF", book)
+    monkeypatch.setattr(torch_transport.dist, "is_initialized", lambda: False)
     gloo = Gloo(Tensor())
     book.hold(gloo.held)
     thread = gloo.let_go(once=asleep(monkeypatch))      # only while the hook waits
-    transport_torch._at_exit()
+    torch_transport._at_exit()
     assert book.alive() == 0
     thread.join()
 
@@ -138,22 +138,22 @@ def test_the_exit_hook_is_registered_once_whoever_made_the_groups(
     """A program that made its own default group (hvdlite uses it as it is, and leaves
     its teardown to the program) still hands tensors to Gloo's threads."""
     pytest.importorskip("torch.distributed")
-    from hvdlite.core import transport_torch
+    from hvdlite.transport import torch_transport
     registered: list[Any] = []
-    monkeypatch.setattr(transport_torch.atexit, "register", registered.append)
-    monkeypatch.setattr(transport_torch.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(transport_torch, "_exit_hook",
+    monkeypatch.setattr(torch_transport.atexit, "register", registered.append)
+    monkeypatch.setattr(torch_transport.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch_transport, "_exit_hook",
                         {"registered": False, "destroys_world": False})
-    transport_torch.initialize()
-    transport_torch.initialize()                  # a second init() in the process
-    assert registered == [transport_torch._at_exit]
-    assert transport_torch._exit_hook["destroys_world"] is False    # the program's own
+    torch_transport.initialize()
+    torch_transport.initialize()                  # a second init() in the process
+    assert registered == [torch_transport._at_exit]
+    assert torch_transport._exit_hook["destroys_world"] is False    # the program's own
 
 
 def test_a_completed_operation_keeps_its_tensors_no_longer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch.distributed")
-    from hvdlite.core import torch_work
+    from hvdlite.transport import torch_work
     book = Handoff()
     monkeypatch.setattr(torch_work, "HANDOFF", book)
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.core import exit_guard, liveness
-from hvdlite.core.liveness import EXITED, RUNNING, STOPPED, UNKNOWN, Monitor, Peer
+from hvdlite.failure import exit_guard, liveness
+from hvdlite.failure.liveness import EXITED, RUNNING, STOPPED, UNKNOWN, Monitor, Peer
+from hvdlite.transport import peers
 from tests.unit.test_exit_guard import rank_that_ended
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,25 +42,25 @@ def _fake_proc(tmp_path: Path, pid: int, state: str, start: int,
                                              ("Z", EXITED), ("X", EXITED)])
 def test_process_state_from_proc_stat(tmp_path: Path, state: str, expected: str) -> None:
     proc = _fake_proc(tmp_path, 4242, state, 777, comm="odd) name (x")   # parsed after last ')'
-    assert liveness.process_state(Peer(1, "vm", 4242, 777, DOMAIN), proc) == expected
+    assert peers.process_state(Peer(1, "vm", 4242, 777, DOMAIN), proc) == expected
 
 
 def test_a_reused_pid_counts_as_exited(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, 4242, "S", 999)
-    assert liveness.process_state(Peer(1, "vm", 4242, 777, DOMAIN), proc) == EXITED
+    assert peers.process_state(Peer(1, "vm", 4242, 777, DOMAIN), proc) == EXITED
 
 
 def test_a_missing_process_has_exited(tmp_path: Path) -> None:
-    assert liveness.process_state(Peer(1, "vm", _ended_pid(), 777, DOMAIN),
-                                  str(tmp_path)) == EXITED
+    assert peers.process_state(Peer(1, "vm", _ended_pid(), 777, DOMAIN),
+                               str(tmp_path)) == EXITED
 
 
 def test_identity_of_this_process_matches_its_own_check() -> None:
-    me = liveness.identity(0)
+    me = peers.identity(0)
     assert me.pid == os.getpid() and me.host == socket.gethostname()
     if Path("/proc/self/stat").exists():
         assert me.domain is not None and me.start is not None
-        assert liveness.process_state(me) == RUNNING
+        assert peers.process_state(me) == RUNNING
 
 
 def _peers(n: int, remote: tuple[int, ...] = ()) -> list[Peer]:
@@ -186,15 +187,15 @@ def test_exit_guard_holds_the_socket_for_the_grace_period_after_the_rank_ends() 
 
 _EXIT_PROBE = """
 import atexit, sys
-from hvdlite.core import failure
-failure._installed = True
-sys.exit = failure._exit
-atexit.register(lambda: print("recorded", failure._exit_status, flush=True))
+from hvdlite.failure import abort_on_error
+abort_on_error._installed = True
+sys.exit = abort_on_error._exit
+atexit.register(lambda: print("recorded", abort_on_error._exit_status, flush=True))
 try:
     sys.exit(4)
 except SystemExit as caught:
     assert caught.code == 4        # read by code: not an exit
-print("recorded", failure._exit_status, flush=True)
+print("recorded", abort_on_error._exit_status, flush=True)
 sys.exit({final!r})
 """
 

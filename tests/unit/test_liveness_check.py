@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from hvdlite.core import liveness, transport_mpi
-from hvdlite.core.liveness import EXITED, RUNNING, Liveness, Monitor, Peer
-from hvdlite.core.transport_mpi import Channel, MpiTransport
+from hvdlite.failure import liveness
+from hvdlite.failure.liveness import EXITED, RUNNING, Liveness, Monitor, Peer
+from hvdlite.transport import peers
+from hvdlite.transport import mpi_transport
+from hvdlite.transport.mpi_transport import Channel, MpiTransport
 
 DOMAIN = ("vm", "boot-1", "pid:[4026531836]")
 TICK = 0.1                                   # MPI's idle tick
@@ -207,24 +209,24 @@ def test_identity_without_a_visible_pid_namespace_has_no_domain(tmp_path: Path) 
     (tmp_path / "self" / "stat").write_text("99 (py thon) " + " ".join(fields) + "\n")
     (tmp_path / "sys" / "kernel" / "random").mkdir(parents=True)
     (tmp_path / "sys" / "kernel" / "random" / "boot_id").write_text("boot-7\n")
-    me = liveness.identity(3, proc=str(tmp_path))
+    me = peers.identity(3, proc=str(tmp_path))
     assert (me.rank, me.pid, me.start, me.domain) == (3, os.getpid(), 4321, None)
     (tmp_path / "self" / "ns").mkdir()
     os.symlink("pid:[77]", tmp_path / "self" / "ns" / "pid")
-    me = liveness.identity(3, proc=str(tmp_path))
+    me = peers.identity(3, proc=str(tmp_path))
     assert me.domain == (socket.gethostname(), "boot-7", "pid:[77]")
 
 
 def test_the_signal_probe_only_asks_whether_a_process_exists() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:
-        assert liveness._signal_probe(child.pid) == liveness.UNKNOWN
+        assert peers._signal_probe(child.pid) == peers.UNKNOWN
         time.sleep(0.1)
         assert child.poll() is None                        # no signal was delivered
     finally:
         child.kill()
         child.wait()
-    assert liveness._signal_probe(child.pid) == EXITED
+    assert peers._signal_probe(child.pid) == EXITED
 
 
 def test_a_verdict_is_waited_for_at_most_half_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,9 +235,9 @@ def test_a_verdict_is_waited_for_at_most_half_a_second(monkeypatch: pytest.Monke
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    monkeypatch.setattr(transport_mpi, "time", SimpleNamespace(monotonic=lambda: clock[0],
+    monkeypatch.setattr(mpi_transport, "time", SimpleNamespace(monotonic=lambda: clock[0],
                                                                sleep=sleep))
-    monkeypatch.setattr(transport_mpi, "MPI", SimpleNamespace(Request=SimpleNamespace(
+    monkeypatch.setattr(mpi_transport, "MPI", SimpleNamespace(Request=SimpleNamespace(
         Testall=lambda requests: False)))                  # never delivered: a broken peer
     channel = Channel.__new__(Channel)
     sent: list[tuple[int, str]] = []
@@ -249,8 +251,8 @@ def test_a_process_of_another_user_is_not_judged(monkeypatch: pytest.MonkeyPatch
     def refuse(pid: int, signal: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(liveness, "os", SimpleNamespace(kill=refuse))
-    assert liveness._signal_probe(1) == liveness.UNKNOWN
+    monkeypatch.setattr(peers, "os", SimpleNamespace(kill=refuse))
+    assert peers._signal_probe(1) == peers.UNKNOWN
 
 
 def test_a_loss_is_a_value() -> None:
@@ -293,7 +295,7 @@ def test_a_sub_second_timeout_is_a_timeout() -> None:
     monitor = Monitor(0, far, timeout=0.5, idle_tick_s=TICK)
     assert monitor.overdue(10.0, 10.5)
     (loss,) = monitor.assess(11.0)
-    assert loss.peer.rank == 1 and loss.how == liveness.UNKNOWN and loss.silent_for == 1.0
+    assert loss.peer.rank == 1 and loss.how == peers.UNKNOWN and loss.silent_for == 1.0
 
 
 def test_drain_forgets_delivered_pings_only() -> None:

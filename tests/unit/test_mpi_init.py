@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvdlite.core.mpi_init import check_thread_level, requested_level
 from hvdlite.errors import UsageError
+from hvdlite.transport.mpi_init import check_thread_level, requested_level
 
 LEVELS = {"single": 0, "funneled": 1, "serialized": 2, "multiple": 3}
 

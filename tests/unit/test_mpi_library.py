@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hvdlite.core.mpi_library import Library, library_from_version
+from hvdlite.transport.mpi_library import Library, library_from_version
 
 
 @pytest.mark.parametrize("text,name", [

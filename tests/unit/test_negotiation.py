@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hvdlite.core.negotiation import Coordinator, build_response, find_marker, find_mismatch
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp
 from hvdlite.errors import ErrorKind
+from hvdlite.negotiation.coordinator import Coordinator, build_response, find_marker, find_mismatch
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp
 
 
 def d(kind: Kind = Kind.ALLREDUCE, name: str = "t", **fields: object) -> Descriptor:

@@ -1,4 +1,4 @@
-"""The allreduce through the node's shared memory (hvdlite/core/node_memory.py), with
+"""The allreduce through the node's shared memory (hvdlite/transport/node_memory.py), with
 threads as ranks (the in-process transport): every dtype and operator against NumPy's
 reduction in rank order, sizes around the chunk, results bitwise equal on every rank,
 segments not held once unmapped, and a peer that exits or never comes. Their set-up and
@@ -17,11 +17,11 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from hvdlite.core import node_memory
-from hvdlite.core.liveness import EXITED, RUNNING, identity, process_state
-from hvdlite.core.node_memory import NodeMemory, open_node_memory
 from hvdlite.errors import PeerLostError
+from hvdlite.failure.liveness import EXITED, RUNNING, identity, process_state
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport import node_memory
+from hvdlite.transport.node_memory import NodeMemory, open_node_memory
 from tests.unit.fake_transport import ThreadTransport, run_transports
 from tests.unit.test_node_memory_setup import segments_held
 
@@ -157,7 +157,7 @@ def _exited_pid() -> int:
 
 
 def test_a_real_peer_runs_then_is_exited_as_a_zombie_and_once_reaped() -> None:
-    """What a waiting rank asks of a late peer (liveness.process_state), on real
+    """What a waiting rank asks of a late peer (peers.process_state), on real
     processes: test_liveness covers the same on a fake /proc."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     peer = dataclasses.replace(identity(1), pid=child.pid, start=None)

@@ -1,4 +1,4 @@
-"""The set-up of the node's shared memory (hvdlite/core/node_memory.py), with threads as
+"""The set-up of the node's shared memory (hvdlite/transport/node_memory.py), with threads as
 ranks (the in-process transport): segments that never have a name another process could
 take or be left with, and the fall-backs every rank agrees on, which leave nothing held."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from hvdlite.core import node_memory
-from hvdlite.core.liveness import Peer, identity
-from hvdlite.core.node_memory import NodeMemory, open_node_memory
+from hvdlite.failure.liveness import Peer, identity
+from hvdlite.transport import node_memory
+from hvdlite.transport.node_memory import NodeMemory, open_node_memory
 from tests.unit.fake_transport import ThreadTransport, run_transports
 
 pytestmark = pytest.mark.timeout(120)

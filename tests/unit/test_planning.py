@@ -7,11 +7,11 @@ import pytest
 
 from hvdlite.backends import even_counts, segment_bounds, widened_dtype
 from hvdlite.backends.ring import allgather_schedule, chunk_bounds, reduce_scatter_schedule
-from hvdlite.core import fusion
-from hvdlite.core.cache import ResponseCache
-from hvdlite.core.negotiation import Coordinator, find_mismatch
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Response
+from hvdlite.engine import fusion
 from hvdlite.errors import ErrorKind
+from hvdlite.negotiation.cache import ResponseCache
+from hvdlite.negotiation.coordinator import Coordinator, find_mismatch
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Response
 
 
 def desc(name: str, shape: tuple[int, ...] = (4,), dtype: str = "float32", **kw: object) -> Descriptor:
@@ -150,7 +150,7 @@ def test_chunks_and_segments() -> None:
 
 
 def test_slurm_view_is_trusted_only_for_this_very_rank() -> None:
-    from hvdlite.core.topology import slurm_view
+    from hvdlite.transport.topology import slurm_view
     env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
     assert slurm_view(3, 4, env) == (1, 1)
     assert slurm_view(2, 4, env) is None          # PROCID is not this rank (mpirun in sbatch)

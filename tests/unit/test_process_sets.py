@@ -9,14 +9,14 @@ from typing import Any, Optional
 import pytest
 from mpi4py import MPI
 
-from hvdlite.core import process_sets as registry_module
-from hvdlite.core.cache import ResponseCache
-from hvdlite.core.deadlock import BLOCKED, NO_DEADLOCK_CHECK
-from hvdlite.core.process_sets import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
-                                   ProcessSetRegistry, Round, SetState, round_vector)
-from hvdlite.core.waiting import all_done
-from hvdlite.core.requests import Descriptor, Kind, Request, Response
-from hvdlite.core.transport_mpi import MpiRound, MpiTransport
+from hvdlite.failure.deadlock import BLOCKED, NO_DEADLOCK_CHECK
+from hvdlite.failure.waiting import all_done
+from hvdlite.negotiation import process_sets as registry_module
+from hvdlite.negotiation.cache import ResponseCache
+from hvdlite.negotiation.process_sets import (GLOBAL_SET_ID, NO_FULL_ROUND, RANK_IDLE,
+                                              ProcessSetRegistry, Round, SetState, round_vector)
+from hvdlite.negotiation.requests import Descriptor, Kind, Request, Response
+from hvdlite.transport.mpi_transport import MpiRound, MpiTransport
 
 
 class FakeComm:

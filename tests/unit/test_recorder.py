@@ -8,8 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from hvdlite.core import recorder as recorder_module
-from hvdlite.core.recorder import PeerWaitClock, ReductionCount, StepRecorder
+from hvdlite.recording import recorder as recorder_module
+from hvdlite.recording.recorder import PeerWaitClock, ReductionCount, StepRecorder
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hvdlite.api import report, report_summary
-from hvdlite.core.recorder import PeerWaitClock, StepRecorder
+from hvdlite.diagnostics import report, report_summary
+from hvdlite.recording.recorder import PeerWaitClock, StepRecorder
 from hvdlite.runner import launch
 from tests.unit.test_runner import _fake_launcher
 

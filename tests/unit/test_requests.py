@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite.core.cache import ResponseCache
-from hvdlite.core.requests import (CACHEABLE, Descriptor, Kind, ReduceOp, Request, Response,
-                                   dtype_name, to_dtype)
+from hvdlite.negotiation.cache import ResponseCache
+from hvdlite.negotiation.requests import (CACHEABLE, Descriptor, Kind, ReduceOp, Request, Response,
+                                          dtype_name, to_dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.dtype("int64"), np.float16, np.bool_,

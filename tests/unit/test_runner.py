@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdlite.core.topology import device_for_local_rank
 from hvdlite.runner import launch
 from hvdlite.runner.mpi_impl import (env_arguments, find_launcher, flavor_flags, hosts_argument,
                                      library, library_from_version)
+from hvdlite.transport.topology import device_for_local_rank
 
 
 def _fake_launcher(tmp_path: Path, banner: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdlite.core.scaling import Scale as _Scale, scale as _scale
+from hvdlite.engine.scaling import Scale as _Scale, scale as _scale
 
 
 @pytest.mark.parametrize("size,total", [(3, 5), (3, 7), (5, 6), (7, 5)])

@@ -30,7 +30,7 @@ HOROVOD_TORCH_NAMES = (
 
 def test_importing_hvdlite_and_torch_starts_no_mpi() -> None:
     code = ("import sys, hvdlite, hvdlite.torch; "
-            "print('mpi4py.MPI' in sys.modules, 'hvdlite.core.engine' in sys.modules)")
+            "print('mpi4py.MPI' in sys.modules, 'hvdlite.engine.engine' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"], out
@@ -96,8 +96,8 @@ def test_process_set_is_a_pure_value() -> None:
 
 
 def test_negotiation_compares_device_and_submitting_thread() -> None:
-    from hvdlite.core.negotiation import build_response, find_mismatch
-    from hvdlite.core.requests import Descriptor, Kind
+    from hvdlite.negotiation.coordinator import build_response, find_mismatch
+    from hvdlite.negotiation.requests import Descriptor, Kind
     cpu = Descriptor("g", Kind.ALLREDUCE, "float32", (4,))
     message = find_mismatch({0: cpu, 1: cpu._replace(device="cuda:0")})
     assert "device" in message and "ranks [1]" in message

@@ -1,4 +1,4 @@
-"""The sentinel (hvdlite/core/sentinel.py) in one process: stand-in peers are child
+"""The sentinel (hvdlite/failure/sentinel.py) in one process: stand-in peers are child
 processes of the test (``sleep``), killed to play a rank that dies; the engine's
 side is the ``inside`` attribute, set by the test."""
 from __future__ import annotations
@@ -12,21 +12,22 @@ from typing import Iterator, Optional
 
 import pytest
 
-from hvdlite.core import liveness, sentinel
-from hvdlite.core.liveness import Peer
-from hvdlite.core.sentinel import GRACE_S, Sentinel
+from hvdlite.failure import liveness, sentinel
+from hvdlite.failure.liveness import Peer
+from hvdlite.failure.sentinel import GRACE_S, Sentinel
+from hvdlite.transport import peers as processes
 
 pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.skipif(not liveness.identity(0).domain, reason="no /proc")]
+              pytest.mark.skipif(not processes.identity(0).domain, reason="no /proc")]
 # A loss is reported once the grace has passed, at the sentinel's next tick: far below
 # the peer timeout (20 s here), which is what a sentinel that missed it would leave.
 LOST_WITHIN_S = GRACE_S + 10
 
 
 def _start_time(pid: int) -> int:
-    text = liveness._read(f"/proc/{pid}/stat")
+    text = processes._read(f"/proc/{pid}/stat")
     assert text is not None
-    return int(liveness._stat_fields(text)[19])
+    return int(processes._stat_fields(text)[19])
 
 
 class Losses:
@@ -48,7 +49,7 @@ def ranks(count: int) -> Iterator[tuple[list[Peer], list[subprocess.Popen]]]:
     """This process as rank 0 and ``count`` stand-in peers on this host; yields the
     peers and their processes."""
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(count)]
-    me = liveness.identity(0)
+    me = processes.identity(0)
     peers = [me] + [Peer(r + 1, me.host, p.pid, _start_time(p.pid), me.domain)
                     for r, p in enumerate(procs)]
     try:
@@ -150,7 +151,7 @@ def test_explain_names_an_ended_peer_or_gives_up_after_the_wait() -> None:
 
 
 def test_nothing_is_watched_without_peers_on_this_host() -> None:
-    me = liveness.identity(0)
+    me = processes.identity(0)
     far = Peer(1, "elsewhere", 4242, 1, ("elsewhere", "boot", "pid:[1]"))
     unknown = Peer(2, me.host, 4244, 1, None)
     watch = Sentinel(0, [me, far, unknown], 20.0, Losses())

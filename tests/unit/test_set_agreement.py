@@ -9,10 +9,10 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite.config import Config
-from hvdlite.core.engine import Engine
-from hvdlite.core.set_agreement import agree_on_sets
-from hvdlite.core.transport_mpi import MpiTransport
+from hvdlite.engine.engine import Engine
 from hvdlite.errors import UsageError
+from hvdlite.negotiation.set_agreement import agree_on_sets
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.engine_rig import QUIET, SafeComm
 
 

@@ -1,4 +1,4 @@
-"""What init() makes of every rank's settings (hvdlite.core.settings_agreement.check),
+"""What init() makes of every rank's settings (hvdlite.policy.settings_agreement.check),
 decided from the gathered values alone, so every rank decides alike: a setting that
 must match and differs is the same ConfigError on every rank, naming the variable, each
 rank's value and where it came from; one that may differ is one warning, on rank 0. Every
@@ -10,9 +10,9 @@ import logging
 import pytest
 
 from hvdlite.config import OPTIONS, Agreement, Config, knob, parse_bool, sources
-from hvdlite.core.defaults import RankSettings
-from hvdlite.core.settings_agreement import check
 from hvdlite.errors import ConfigError
+from hvdlite.policy.defaults import RankSettings
+from hvdlite.policy.settings_agreement import check
 
 
 def ranks(*environments: dict[str, str]) -> list[RankSettings]:

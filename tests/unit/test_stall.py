@@ -8,9 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from hvdlite.core import stall
-from hvdlite.core.negotiation import Coordinator
-from hvdlite.core.requests import Descriptor, Kind
+from hvdlite.failure import stall
+from hvdlite.negotiation.coordinator import Coordinator
+from hvdlite.negotiation.requests import Descriptor, Kind
 
 
 def config(check: float, shutdown: float) -> SimpleNamespace:

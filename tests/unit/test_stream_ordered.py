@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from hvdlite.config import Config
-from hvdlite.core import devices
-from hvdlite.core.executor import Executor
-from hvdlite.core.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.engine import devices
+from hvdlite.engine.executor import Executor
+from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
 from tests.unit.fake_comm import RecordingComm
 
 

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvdlite.core import timeline as timeline_module
-from hvdlite.core.requests import Descriptor, Kind, Request
-from hvdlite.core.timeline import Timeline, row_label
+from hvdlite.negotiation.requests import Descriptor, Kind, Request
+from hvdlite.recording import timeline as timeline_module
+from hvdlite.recording.timeline import Timeline, row_label
 
 _handles = iter(range(1, 1 << 20))
 
@@ -156,7 +156,7 @@ def test_the_file_is_a_json_array_after_every_event(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_timeline_never_closed_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
-    code = ("import sys; from hvdlite.core.timeline import Timeline; "
+    code = ("import sys; from hvdlite.recording.timeline import Timeline; "
             "Timeline(sys.argv[1], mark_cycles=True).cycle_start()")
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=30,
                    cwd=Path(__file__).resolve().parents[2])

@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from hvdlite.core.topology import Topology, check_launch, detect, slurm_view
 from hvdlite.errors import HvdliteError
+from hvdlite.transport.topology import Topology, check_launch, detect, slurm_view
 
 
 class Group:

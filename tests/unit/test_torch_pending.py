@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-torch_work = pytest.importorskip("hvdlite.core.torch_work")
+torch_work = pytest.importorskip("hvdlite.transport.torch_work")
 
 
 class Work:

@@ -13,10 +13,10 @@ from hvdlite.api import runtime
 def test_torchrun_gets_torchs_transport_and_anything_else_mpis(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    assert runtime._world().__name__ == "hvdlite.core.transport_mpi"
+    assert runtime._world().__name__ == "hvdlite.transport.mpi_transport"
     pytest.importorskip("torch.distributed")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    assert runtime._world().__name__ == "hvdlite.core.transport_torch"
+    assert runtime._world().__name__ == "hvdlite.transport.torch_transport"
 
 
 @pytest.mark.parametrize("name,gloo,mpi", [("gloo", True, False), ("mpi", False, True)])
@@ -46,5 +46,5 @@ def test_before_init_gloo_is_off_and_mpi_is_what_is_installed(
 ])
 def test_workers_meet_under_the_attempts_keys_only_in_the_agents_store(
         environ: dict[str, str], prefix: str) -> None:
-    transport_torch = pytest.importorskip("hvdlite.core.transport_torch")
-    assert transport_torch._store_prefix(environ) == prefix
+    torch_transport = pytest.importorskip("hvdlite.transport.torch_transport")
+    assert torch_transport._store_prefix(environ) == prefix

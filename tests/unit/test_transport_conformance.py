@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import pytest
 
-from hvdlite.core.transport import DATA_OPS
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import DATA_OPS
 from tests import transport_conformance as conformance
 from tests.unit.fake_transport import (FakeChannel, FakeRound, FakeTransportError,
                                        ThreadTransport, run_transports)
@@ -34,7 +34,7 @@ def test_split_node_follows_the_hosts() -> None:
 
 
 def test_the_engines_topology_runs_on_the_in_process_transport() -> None:
-    from hvdlite.core.topology import detect
+    from hvdlite.transport.topology import detect
     topologies = run_transports(4, lambda t: detect(t, {}), ["a", "a", "b", "b"])
     assert [(x.local_rank, x.local_size, x.cross_rank, x.cross_size) for x in topologies] == [
         (0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]

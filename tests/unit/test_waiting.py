@@ -12,8 +12,8 @@ from typing import Callable, Optional
 
 import pytest
 
-from hvdlite.core import liveness, waiting
-from hvdlite.core.waiting import Doorbell, RoundWaiter
+from hvdlite.failure import liveness, waiting
+from hvdlite.failure.waiting import Doorbell, RoundWaiter
 
 US = 1e-6
 

@@ -1,4 +1,4 @@
-"""hvdlite/backends/waits.py: how the engine thread waits inside a data collective.
+"""hvdlite/transport/waits.py: how the engine thread waits inside a data collective.
 Requests here complete on events (a tick having run), never after a sleep."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Callable
 
 import pytest
 
-from hvdlite.backends import waits
+from hvdlite.transport import waits
 
 
 class Polled:
