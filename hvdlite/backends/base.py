@@ -6,8 +6,11 @@ accepts a request (Horovod's operation manager, torch c10d's ProcessGroup):
 adding NCCL or a staged GPU path is one more entry, not an ``if`` in the
 executor. A backend owns its communicator per process set (``open_set`` /
 ``close_set``, called on the engine thread when a set is registered or
-removed); it receives the set's MPI communicator so that a GPU backend can
-bootstrap its own (an NCCL unique id broadcast over MPI).
+removed); it receives the set's transport (hvdlite/transport/base.py), whose
+``kind`` says what it can run on: an MPI-based backend takes the mpi4py
+communicator of a transport of kind MPI (``comm``), a GPU backend bootstraps its
+own communicator over it (an NCCL unique id broadcast), and any backend can move
+host data with the transport's own ``*_array`` calls.
 
 Buffers are arrays of the device's array namespace (NumPy on the CPU, CuPy on
 a GPU). Completion is the backend's business: a CPU backend finishes before it
@@ -22,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from hvdlite.reduce_op import UFUNCS, ReduceOp  # noqa: F401  (UFUNCS: backends import it here)
+from hvdlite.transport.base import Transport, TransportKind
 
 Buffer = Any   # a contiguous 1-D array of the device's namespace (numpy.ndarray, cupy.ndarray)
 
@@ -66,11 +70,11 @@ class Backend(Protocol):
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype reductions of ``dtype`` run in (the fusion buffer's dtype)."""
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        """Start serving a process set whose MPI communicator is ``comm``."""
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        """Start serving a process set, whose ranks ``transport`` connects."""
 
     def close_set(self, set_id: int) -> None:
-        """Release what ``open_set`` created (the MPI communicator is not ours)."""
+        """Release what ``open_set`` created (the transport is not ours)."""
 
     def allreduce(self, set_id: int, buf: Buffer, op: ReduceOp) -> Work:
         """Reduce ``buf`` in place across the set."""
@@ -127,26 +131,27 @@ class Traffic:
 
 
 class HostBackend:
-    """What the MPI-based host backends share: the set's MPI communicator is theirs
-    to use directly, half types are reduced widened (see widened_dtype), and a
-    byte counter (``traffic``)."""
+    """What the MPI-based host backends share: the mpi4py communicator of a set on an
+    MPI transport is theirs to use directly, half types are reduced widened (see
+    widened_dtype), and a byte counter (``traffic``)."""
     name = "host"
     exact_traffic = True
 
     def __init__(self) -> None:
         self._comms: dict[int, Any] = {}
         self.traffic = Traffic(self.exact_traffic)
-        # True once a set was opened on a transport that is no MPI communicator (the
-        # core's transport seam; torchrun's): these backends then decline every call,
-        # and the chain falls through to the backend on the transport's collectives.
+        # True once a set was opened on a transport of another kind than MPI
+        # (torchrun's): these backends then decline every call, and the chain falls
+        # through to the backend on the transport's collectives.
         self.declined = False
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        self._comms[set_id] = comm
-        self.declined = hasattr(comm, "allreduce_array")
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        self.declined = transport.kind is not TransportKind.MPI
+        if not self.declined:
+            self._comms[set_id] = transport.comm
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)

@@ -3,7 +3,7 @@
 made at the set's first GPU collective, where every member runs the same collective
 at the same point; none where two members share a GPU, which NCCL refuses, so the
 staged backend serves that set. Every member decides alike, from one allgather of
-(host, GPU) over the set's own communicator. Traffic is counted as estimates, with
+(host, GPU) over the set's transport. Traffic is counted as estimates, with
 the staged fallback's (NCCL picks its own algorithm).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import cupy
 import numpy as np
 
 from hvdlite.backends.staged import StagedBackend
+from hvdlite.transport.base import Transport
 
 
 class PerSetNccl:
@@ -22,7 +23,7 @@ class PerSetNccl:
     set's communicator is made (``_make``) and released (``_release``)."""
 
     def __init__(self, config: Any) -> None:
-        self._sets: dict[int, Any] = {}                 # set id -> its MPI comm or transport
+        self._sets: dict[int, Transport] = {}           # the sets this backend serves
         self._comms: dict[int, Optional[Any]] = {}      # None: the set shares a GPU -> staged
         self._staged = StagedBackend(config)
         self.traffic = self._staged.traffic
@@ -35,8 +36,8 @@ class PerSetNccl:
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return np.dtype(dtype)          # half types reduce natively
 
-    def _serve(self, set_id: int, comm: Any) -> None:
-        self._sets[set_id] = comm
+    def _serve(self, set_id: int, transport: Transport) -> None:
+        self._sets[set_id] = transport
 
     def close_set(self, set_id: int) -> None:
         self._sets.pop(set_id, None)
@@ -48,25 +49,25 @@ class PerSetNccl:
     def _communicator(self, set_id: int) -> Optional[Any]:
         """The set's NCCL communicator, made on first use; None: staged."""
         if set_id not in self._comms:
-            comm = self._sets[set_id]
-            placement = comm.allgather((socket.gethostname(), cupy.cuda.Device().id))
+            transport = self._sets[set_id]
+            placement = transport.allgather((socket.gethostname(), cupy.cuda.Device().id))
             shared = len(set(placement)) < len(placement)
-            self._comms[set_id] = None if shared else self._make(comm)
+            self._comms[set_id] = None if shared else self._make(transport)
         return self._comms[set_id]
 
-    def _make(self, comm: Any) -> Any:
+    def _make(self, transport: Transport) -> Any:
         raise NotImplementedError
 
     def _release(self, communicator: Any) -> None:
         raise NotImplementedError
 
     def _count_allreduce(self, set_id: int, nbytes: int) -> None:
-        size = self._sets[set_id].Get_size()
+        size = self._sets[set_id].size
         estimate = 2 * nbytes * (size - 1) // size      # what a ring moves each way
         self.traffic.add("allreduce", estimate, estimate)
 
     def _count_broadcast(self, set_id: int, nbytes: int, root: int) -> None:
-        comm = self._sets[set_id]
-        if comm.Get_size() > 1:
-            mine = comm.Get_rank() == root
+        transport = self._sets[set_id]
+        if transport.size > 1:
+            mine = transport.rank == root
             self.traffic.add("broadcast", nbytes if mine else 0, 0 if mine else nbytes)

@@ -26,6 +26,7 @@ from hvdlite.backends.base import Buffer, offsets
 from hvdlite.backends.cuda import StreamWork, current_stream
 from hvdlite.backends.gpu_sets import PerSetNccl
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 
 try:
     from cupy.cuda import nccl
@@ -54,7 +55,7 @@ class NcclBackend(PerSetNccl):
     name = "nccl"
 
     def __init__(self, config: Any) -> None:
-        self._declined = False                       # True on a world that is no MPI
+        self._declined = False          # True on a world of another kind than MPI
         super().__init__(config)
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
@@ -62,18 +63,18 @@ class NcclBackend(PerSetNccl):
         return (self._enabled and not self._declined and device.startswith("cuda")
                 and np.dtype(dtype) in _TYPES and op is not ReduceOp.ADASUM)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        if hasattr(comm, "allreduce_array"):   # torchrun's world: torch-nccl serves its sets
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        if transport.kind is TransportKind.MPI:
+            self._serve(set_id, transport)
+        else:                           # torchrun's world: torch-nccl serves its sets
             self._declined = True
-        else:
-            self._serve(set_id, comm)
-        self._staged.open_set(set_id, comm)
+        self._staged.open_set(set_id, transport)
 
-    def _make(self, comm: Any) -> Any:
-        """Set rank 0 draws the unique id and broadcasts it over the set's communicator."""
-        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        uid = comm.bcast(uid, root=0)
-        return nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+    def _make(self, transport: Transport) -> Any:
+        """Set rank 0 draws the unique id and broadcasts it over the set's transport."""
+        uid = nccl.get_unique_id() if transport.rank == 0 else None
+        uid = transport.bcast(uid, root=0)
+        return nccl.NcclCommunicator(transport.size, uid, transport.rank)
 
     def _release(self, communicator: Any) -> None:
         communicator.destroy()
@@ -126,7 +127,7 @@ class NcclBackend(PerSetNccl):
         communicator = self._communicator(set_id)
         if communicator is None:
             return self._staged.allgather(set_id, send, recv, counts)
-        stream, me = current_stream(), self._sets[set_id].Get_rank()
+        stream, me = current_stream(), self._sets[set_id].rank
         kind = _TYPES[recv.dtype]
         nccl.groupStart()
         for root, (start, count) in enumerate(zip(offsets(counts), counts)):
@@ -154,7 +155,7 @@ class NcclBackend(PerSetNccl):
             if r_n:
                 communicator.recv(recv.data.ptr + r_off, r_n, kind, peer, stream.ptr)
         nccl.groupEnd()
-        me = self._sets[set_id].Get_rank()
+        me = self._sets[set_id].rank
         self.traffic.add("alltoall", sum(send_counts) - send_counts[me],
                          sum(recv_counts) - recv_counts[me])
         return StreamWork(stream)
@@ -165,7 +166,7 @@ class NcclBackend(PerSetNccl):
         communicator = self._communicator(set_id)
         if communicator is None:
             return self._staged.reducescatter(set_id, buf, counts, out, op)
-        stream, me = current_stream(), self._sets[set_id].Get_rank()
+        stream, me = current_stream(), self._sets[set_id].rank
         kind, itemsize = _TYPES[buf.dtype], buf.dtype.itemsize
         nccl.groupStart()
         for root, (start, count) in enumerate(zip(offsets(counts), counts)):

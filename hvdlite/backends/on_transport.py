@@ -1,10 +1,10 @@
-"""The host backend of a transport that is no MPI communicator (torchrun's: Gloo): it
-runs each call on the transport's own data collectives (``allreduce_array``,
+"""The host backend of a transport of a kind other than MPI (torchrun's: Gloo): it runs
+each call on the transport's own data collectives (``allreduce_array``,
 ``broadcast_array``, ``allgather_array``; hvdlite/transport/base.py).
 
-The core opens each process set on every backend with the set's transport's
-``native``; a transport other than MPI passes itself, which the MPI-based backends
-decline (``HostBackend.declined``). It is the registry's built-in "transport"
+The engine opens each process set on every backend with the set's transport; the
+MPI-based backends decline one of another kind (``HostBackend.declined``), and this
+one leaves those of kind MPI to them. It is the registry's built-in "transport"
 backend (HVDLITE_BACKENDS may name it): the chain asks it, and not the MPI ones,
 once a set is opened on such a transport (hvdlite/engine/chain.py). An alltoall is
 the transport's ``alltoall_array`` on bytes; a reducescatter is an allreduce of
@@ -18,6 +18,7 @@ import numpy as np
 
 from hvdlite.backends.base import DONE, Done, Traffic, widened_dtype
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 
 _KINDS = frozenset({"allreduce", "allgather", "broadcast", "reducescatter", "alltoall"})
 _ELEMENTWISE = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX,
@@ -28,7 +29,7 @@ class TransportBackend:
     name = "transport"
 
     def __init__(self, config: Any = None) -> None:
-        self._transports: dict[int, Any] = {}
+        self._transports: dict[int, Transport] = {}
         # Estimates: the transport's library picks its own algorithm; counted as a
         # bandwidth-optimal one would move, as the mpi backend counts.
         self.traffic = Traffic(exact=False)
@@ -41,9 +42,9 @@ class TransportBackend:
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        if hasattr(comm, "allreduce_array"):     # a transport; an MPI communicator is not ours
-            self._transports[set_id] = comm
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        if transport.kind is not TransportKind.MPI:   # MPI's data is the MPI backends'
+            self._transports[set_id] = transport
 
     def close_set(self, set_id: int) -> None:
         self._transports.pop(set_id, None)

@@ -21,6 +21,7 @@ from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.on_transport import TransportBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 
 
 class _Pinned:
@@ -47,7 +48,7 @@ class StagedBackend:
     def __init__(self, config: Any) -> None:
         self._mpi = MpiBackend()
         self._ring = RingBackend(config.ring_chunk)
-        self._transport = TransportBackend()     # sets on a transport that is no MPI
+        self._transport = TransportBackend()     # sets on a transport of another kind
         self._on_transport: set[int] = set()
         # The host backends count into one estimated total (MPI's part is an estimate).
         self.traffic = self._mpi.traffic = self._ring.traffic = self._transport.traffic = \
@@ -65,13 +66,13 @@ class StagedBackend:
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        if hasattr(comm, "allreduce_array"):       # torchrun's: its own collectives
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        if transport.kind is TransportKind.MPI:
+            self._mpi.open_set(set_id, transport)
+            self._ring.open_set(set_id, transport)
+        else:                                   # torchrun's: its own collectives
             self._on_transport.add(set_id)
-            self._transport.open_set(set_id, comm)
-        else:
-            self._mpi.open_set(set_id, comm)
-            self._ring.open_set(set_id, comm)
+            self._transport.open_set(set_id, transport)
 
     def close_set(self, set_id: int) -> None:
         self._on_transport.discard(set_id)

@@ -46,6 +46,7 @@ from hvdlite.backends.base import Buffer
 from hvdlite.backends.cuda import StreamWork, current_stream
 from hvdlite.backends.gpu_sets import PerSetNccl
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 from hvdlite.transport.handoff import HANDOFF
 
 _DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16")
@@ -100,17 +101,18 @@ class TorchNcclBackend(PerSetNccl):
         return (self._enabled and bool(self._sets) and device.startswith("cuda")
                 and np.dtype(dtype) in _SERVED and op in _ELEMENTWISE)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        if hasattr(comm, "device_group"):      # the torch transport; MPI sets are nccl's
-            self._serve(set_id, comm)
-        self._staged.open_set(set_id, comm)
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        if transport.kind is TransportKind.TORCH:      # MPI's sets are nccl's
+            self._serve(set_id, transport)
+        self._staged.open_set(set_id, transport)
 
-    def _make(self, comm: Any) -> Any:
-        return comm.device_group(DEVICE.group_backend)
+    def _make(self, transport: Transport) -> Any:
+        return transport.device_group(DEVICE.group_backend)
 
-    def _release(self, communicator: Any) -> None:
-        if hasattr(communicator, "shutdown"):
-            communicator.shutdown()
+    def _release(self, group: Any) -> None:
+        shutdown = getattr(group, "shutdown", None)     # not on every torch release's groups
+        if shutdown is not None:
+            shutdown()
 
     @staticmethod
     def _run(issue: Callable[..., Any], *tensors: Any) -> None:

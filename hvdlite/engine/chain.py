@@ -17,6 +17,7 @@ import numpy as np
 from hvdlite.backends import registry
 from hvdlite.engine import devices
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 
 _PICK_MEMO_SIZE = 4096   # distinct (kind, dtype, device, size, op) calls remembered
 
@@ -38,7 +39,7 @@ class BackendChain:
 
     def __init__(self, config: Any) -> None:
         self._made: dict[str, Any] = {}        # name -> backend, each made once
-        self._comms: dict[int, Any] = {}       # open sets, for backends that arrive later
+        self._transports: dict[int, Transport] = {}   # open sets, for backends that arrive later
         self.configure(config)
 
     def configure(self, config: Any) -> None:
@@ -64,18 +65,18 @@ class BackendChain:
     def _make_new(self) -> None:
         """Backends registered since the last build, made and serving every open set
         (``_make``); those unregistered since, closed and dropped. The MPI-based host
-        backends wait for the first set, and are made only if it is an MPI
-        communicator: on torchrun's world they are never asked, and making them imports
+        backends wait for the first set, and are made only if it is on an MPI
+        transport: on torchrun's world they are never asked, and making them imports
         mpi4py's MPI, which starts an MPI in every worker."""
         self._entries = {entry.name: entry for entry in registry.entries() if entry.factory}
         for name in [n for n in self._made if n not in self._entries]:
             backend = self._made.pop(name)
-            for set_id in self._comms:
+            for set_id in self._transports:
                 backend.close_set(set_id)
         self._make_wanted()
 
     def _make_wanted(self) -> None:
-        mpi_world = bool(self._comms) and not self._on_transport()
+        mpi_world = bool(self._transports) and not self._on_transport()
         for name, entry in self._entries.items():
             if name not in self._made and (mpi_world or not self._mpi_based(entry)):
                 self._make(name)
@@ -86,7 +87,7 @@ class BackendChain:
 
     def _on_transport(self) -> bool:
         """Whether the world is another transport's (torchrun's Gloo), not MPI's."""
-        return any(hasattr(c, "allreduce_array") for c in self._comms.values())
+        return any(t.kind is not TransportKind.MPI for t in self._transports.values())
 
     def _make(self, name: str) -> Any:
         """The backend ``name``, made, configured and serving every open set if new."""
@@ -94,8 +95,8 @@ class BackendChain:
         if backend is None:
             backend = self._entries[name].factory(self._config)
             self._apply(name, backend)
-            for set_id, comm in self._comms.items():
-                backend.open_set(set_id, comm)
+            for set_id, transport in self._transports.items():
+                backend.open_set(set_id, transport)
             self._made[name] = backend
         return backend
 
@@ -156,17 +157,17 @@ class BackendChain:
                 estimated += backend_sent + backend_received
         return sent, received, estimated
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        self._comms[set_id] = comm
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        self._transports[set_id] = transport
         self._chains.clear()       # which backends are asked depends on the sets' kind
         self._picks.clear()
         self._picked.clear()
         for backend in self.every_backend():
-            backend.open_set(set_id, comm)
+            backend.open_set(set_id, transport)
         self._make_wanted()        # the first set tells whether the world is MPI's
 
     def close_set(self, set_id: int) -> None:
-        self._comms.pop(set_id, None)
+        self._transports.pop(set_id, None)
         for backend in self.every_backend():
             backend.close_set(set_id)
 

@@ -182,7 +182,7 @@ class Engine(Stoppable):
                                      mark_cycles=self.config.timeline_mark_cycles)
 
     def _open_set(self, set_id: int, comm: Transport) -> None:
-        self.executor.open_set(set_id, comm.native)   # the backends run on what it wraps
+        self.executor.open_set(set_id, comm)
         ranks = self.registry.ranks_of(set_id) or ()
         self._inspectors[set_id] = stall.StallInspector(self.config, ranks)
 

@@ -27,6 +27,7 @@ from hvdlite.engine.scaling import Scale, scale
 from hvdlite.negotiation.requests import Kind, ReduceOp, Request, Response, to_dtype
 from hvdlite.recording.recorder import ReductionCount
 from hvdlite.reduce_op import OPS_BY_VALUE
+from hvdlite.transport.base import Transport
 
 Complete = Callable[[Request, Any], None]
 Started = tuple[Work, Any, Any]   # a collective's work, its result, its backend (or None)
@@ -56,9 +57,9 @@ class Executor:
         self.chain.configure(config)
         self.forget_plans()
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        self._geometry[set_id] = (comm.Get_rank(), comm.Get_size())
-        self.chain.open_set(set_id, comm)
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        self._geometry[set_id] = (transport.rank, transport.size)
+        self.chain.open_set(set_id, transport)
 
     def close_set(self, set_id: int) -> None:
         self._geometry.pop(set_id, None)

@@ -52,11 +52,13 @@ _transport = "mpi"                          # the world's transport, for what me
 _WAITS = {"mpi": "MPI_Finalize would wait for the lost rank forever"}
 
 
-def use_transport(name: str) -> None:
-    """The world's transport ("mpi", "gloo"), set by init() before anything can fail,
-    so the failure messages name what is in use."""
-    global _transport
-    _transport = name
+def use_transport(name: str, abort: Callable[[int], None]) -> None:
+    """The world's transport ("mpi", "gloo") and how it ends the whole job (MPI_Abort on
+    COMM_WORLD; under torchrun, this process's exit, after which the agent stops the
+    others), set by init() before anything can fail, so the failure messages name what
+    is in use and an abort reaches every rank."""
+    global _transport, _abort_world
+    _transport, _abort_world = name, abort
 
 
 def transport_label(name: Optional[str] = None) -> str:
@@ -71,19 +73,12 @@ def _why_abort() -> str:
                                   "status 0")
 
 
-def _mpi_world_abort(status: int) -> None:
-    from mpi4py import MPI      # only once something must end: importing has no effects
-    MPI.COMM_WORLD.Abort(status)
+def _end_this_process(status: int) -> None:
+    os._exit(status)
 
 
-def _mpi_world_who() -> tuple[int, int]:
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-# How to end the whole job: the engine's transport's abort once install() has it
-# (MPI_Abort on COMM_WORLD until then, as before the transport seam).
-_abort_world: Callable[[int], None] = _mpi_world_abort
+# How to end the whole job: the world transport's way, once init() said (use_transport).
+_abort_world: Callable[[int], None] = _end_this_process
 
 
 def emit(text: str, grace: float = ABORT_GRACE_S) -> None:
@@ -117,7 +112,7 @@ def abort_now(status: int) -> NoReturn:
 
 
 def _identify() -> str:
-    rank, size = _who or _mpi_world_who()
+    rank, size = _who or ("?", "?")     # every caller runs after install() or mark_broken()
     return f"[hvdlite] rank {rank} of {size} on {socket.gethostname()}"
 
 
@@ -164,8 +159,8 @@ def _exit(status: object = None, /) -> NoReturn:
 
 
 def install(rank: int, size: int, abort: Optional[Callable[[int], None]] = None) -> None:
-    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit; ``abort``
-    (the engine transport's) ends the job from then on."""
+    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit; ``abort``,
+    if given, ends the job from then on instead of the transport's (use_transport)."""
     global _installed, _who, _abort_world
     _who = (rank, size)
     if abort is not None:

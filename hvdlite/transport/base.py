@@ -1,13 +1,16 @@
 """The transport seam: everything the core needs from the world of ranks, as one protocol.
 
-The engine, the process-set registry, topology detection and the liveness check
-talk to a :class:`Transport`, never to mpi4py. MPI is the first implementation
-(``hvdlite.transport.mpi_transport``); the in-process fake the unit tests run on
-(``tests/unit/fake_transport.py``) is the second, and both pass the same
-conformance checks (``tests/transport_conformance.py``).
+The engine, the process-set registry, topology detection, the liveness check and the
+backends talk to a :class:`Transport`, never to mpi4py or torch.distributed. MPI
+(``hvdlite.transport.mpi_transport``) and torch.distributed
+(``hvdlite.transport.torch_transport``) implement it, as does the in-process fake the
+unit tests run on (``tests/unit/fake_transport.py``); all pass the same conformance
+checks (``tests/transport_conformance.py``). ``hvdlite.transport.choice`` picks the
+world's transport for how the process was started.
 
 What a transport provides, in the order the engine uses it:
 
+- what: ``kind``, a :class:`TransportKind`: which backends can move its data;
 - who: ``rank`` and ``size`` within this transport's group of ranks;
 - pace: ``idle_tick_s``, how often an idle engine joins a round on it;
 - negotiation: a bitwise-AND allreduce of a vector of 64-bit words, started without
@@ -22,8 +25,8 @@ What a transport provides, in the order the engine uses it:
   ``alltoall_array`` on host NumPy
   buffers, for a transport-generic backend, each waited on through
   hvdlite/transport/waits.py (on the engine's thread, with its liveness ticks: a peer
-  frozen inside one is found); ``native`` is what the host backends
-  (hvdlite/backends) are opened on (for MPI: the mpi4py communicator);
+  frozen inside one is found). A backend is opened on the transport itself; one of
+  kind MPI also has ``comm``, the mpi4py communicator the MPI-based backends run on;
 - the end: ``abort`` ends the whole job; ``failures`` are the exception types a call
   raises when the world broke underneath it (a peer died).
 
@@ -36,11 +39,21 @@ Only the engine thread calls a transport once the engine runs.
 from __future__ import annotations
 
 import array
+import enum
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from hvdlite.reduce_op import ReduceOp
+
+
+class TransportKind(enum.Enum):
+    """What a transport is, for the backends that can only run on one kind: the MPI-based
+    host backends and CuPy's NCCL need an mpi4py communicator (``Transport.comm``), torch's
+    NCCL needs torch.distributed's store (``device_group``). Every kind has the ``*_array``
+    data calls, which the transport backend (hvdlite/backends/on_transport.py) runs on."""
+    MPI = "mpi"
+    TORCH = "torch"
 
 
 class Pending(Protocol):
@@ -102,9 +115,9 @@ class LivenessChannel(Protocol):
 @runtime_checkable
 class Transport(Protocol):
     name: str
+    kind: TransportKind
     rank: int
     size: int
-    native: Any
     failures: tuple[type[BaseException], ...]
     # While the world is the only process set, an idle engine joins a round once per
     # tick (waiting.IdleTicks), and a round is overdue after liveness.OVERDUE_TICKS

@@ -7,17 +7,19 @@ code that already runs under MPI import it.
 from __future__ import annotations
 
 import array
+import os
 import pickle
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from mpi4py import MPI
 
-from hvdlite.errors import UsageError
+from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
 from hvdlite.transport import mpi_init
-from hvdlite.transport.base import Await, check_data_op
+from hvdlite.transport.base import Await, TransportKind, check_data_op
+from hvdlite.transport.mpi_library import library_from_version
 from hvdlite.transport.waits import wait_all
 
 # A verdict is a few small messages; waiting this long for them to leave is enough
@@ -97,31 +99,32 @@ class Channel:
 
 
 class MpiTransport:
-    """The Transport protocol on one mpi4py communicator (``native``), which the host
+    """The Transport protocol on one mpi4py communicator (``comm``), which the host
     backends are opened on as well."""
     name = "mpi"
+    kind = TransportKind.MPI
     failures: tuple[type[BaseException], ...] = (MPI.Exception,)
     # An idle round is a few microseconds of MPI_Iallreduce on each rank.
     idle_tick_s = 0.1
 
     def __init__(self, comm: MPI.Comm) -> None:
-        self.native = comm
+        self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()  # fixed for a communicator
 
     def band_round(self, vector: array.array) -> MpiRound:
-        return MpiRound(self.native, vector)
+        return MpiRound(self.comm, vector)
 
     def allgather(self, obj: Any) -> list[Any]:
-        return self.native.allgather(obj)
+        return self.comm.allgather(obj)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self.native.bcast(obj, root=root)
+        return self.comm.bcast(obj, root=root)
 
     # A peer can die after it joined a round's bit-vector allreduce but before the full
     # round's gather: with blocking collectives, the survivors would then wait inside
     # MPI forever, where no liveness check can run. Hence non-blocking ones, awaited.
     def gather_awaited(self, obj: Any, wait: Await) -> Optional[list[Any]]:
-        comm = self.native
+        comm = self.comm
         data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         root = self.rank == 0
         sizes = np.zeros(self.size if root else 1, dtype=np.int64)
@@ -135,7 +138,7 @@ class MpiTransport:
         return [pickle.loads(out[o:o + n]) for o, n in zip(offsets, sizes)]
 
     def bcast_awaited(self, obj: Any, wait: Await) -> Any:
-        comm = self.native
+        comm = self.comm
         root = self.rank == 0
         data = np.frombuffer(bytearray(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)),
                              dtype=np.uint8) if root else None
@@ -146,45 +149,47 @@ class MpiTransport:
         return obj if root else pickle.loads(buf)
 
     def dup(self) -> MpiTransport:
-        return MpiTransport(self.native.Dup())
+        return MpiTransport(self.comm.Dup())
 
     def split(self, color: Optional[int], key: int) -> Optional[MpiTransport]:
-        comm = self.native.Split(MPI.UNDEFINED if color is None else color, key=key)
+        comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key=key)
         return None if comm == MPI.COMM_NULL else MpiTransport(comm)
 
     def split_node(self, key: int) -> MpiTransport:
-        return MpiTransport(self.native.Split_type(MPI.COMM_TYPE_SHARED, key=key))
+        return MpiTransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key))
 
     def free(self) -> None:
-        self.native.Free()
+        self.comm.Free()
 
     def liveness_channel(self) -> Channel:
-        return Channel(self.native)
+        return Channel(self.comm)
 
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
         check_data_op(self.rank, op)
-        wait_all([self.native.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])])
+        wait_all([self.comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])])
 
     def broadcast_array(self, buf: np.ndarray, root: int) -> None:
-        wait_all([self.native.Ibcast([buf, MPI.BYTE], root=root)])
+        wait_all([self.comm.Ibcast([buf, MPI.BYTE], root=root)])
 
     def allgather_array(self, send: np.ndarray, recv: np.ndarray,
                         counts: Sequence[int]) -> None:
         item = send.itemsize
         sizes = [int(c) * item for c in counts]
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
-        wait_all([self.native.Iallgatherv([send, MPI.BYTE],
+        wait_all([self.comm.Iallgatherv([send, MPI.BYTE],
                                           [recv, (sizes, offsets), MPI.BYTE])])
 
     def alltoall_array(self, send: np.ndarray, send_counts: Sequence[int],
                        recv: np.ndarray, recv_counts: Sequence[int]) -> None:
         item = send.itemsize
         out, into = [int(c) * item for c in send_counts], [int(c) * item for c in recv_counts]
-        wait_all([self.native.Ialltoallv([send, (out, _offsets(out)), MPI.BYTE],
+        wait_all([self.comm.Ialltoallv([send, (out, _offsets(out)), MPI.BYTE],
                                          [recv, (into, _offsets(into)), MPI.BYTE])])
 
     def abort(self, status: int) -> None:
-        self.native.Abort(status)
+        """End the whole job: MPI_Abort on COMM_WORLD, also where the engine runs on a
+        sub-communicator (init(comm=...)), on which MPI need only end its members."""
+        MPI.COMM_WORLD.Abort(status)
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
@@ -201,13 +206,32 @@ def world_rank() -> int:
     return MPI.COMM_WORLD.Get_rank()
 
 
+def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse the classic SLURM mistake: srun started N tasks but each one is its
+    own MPI world of size 1 (srun --mpi=none, or a PMI its MPI does not speak), which
+    would silently train N independent copies of the model."""
+    environ = os.environ if environ is None else environ
+    try:
+        tasks = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1")))
+    except ValueError:
+        return
+    if "SLURM_PROCID" in environ and tasks > 1 and world_size == 1:
+        library = library_from_version(MPI.Get_library_version())
+        raise HvdliteError(
+            f"srun started {tasks} tasks, but this one (SLURM_PROCID="
+            f"{environ['SLURM_PROCID']}) is an MPI world of size 1: the tasks cannot see "
+            f"each other. srun must use the PMI of your MPI, here {library.name} "
+            f"({library.version}): `srun --mpi={library.srun_mpi}` (or export "
+            f"SLURM_MPI_TYPE={library.srun_mpi}); `hvdliterun --check` names it. (MPICH "
+            "needs pmi2, Open MPI pmix.)")
+
+
 def open_world(comm: Union[MPI.Comm, Sequence[int], None],
                shared_memory: bool = True) -> MpiTransport:
     """The engine's world: COMM_WORLD, a communicator the program passed, or the listed
     COMM_WORLD ranks (``hvdlite.init(comm=...)``). Collective over those ranks.
     ``shared_memory`` (HVDLITE_SHARED_MEMORY) is the torch transport's: MPI libraries
     move data within a node through its shared memory on their own."""
-    from hvdlite.transport.topology import check_launch
     check_launch(MPI.COMM_WORLD.Get_size())
     if comm is None:
         return MpiTransport(MPI.COMM_WORLD)
@@ -224,3 +248,18 @@ def open_world(comm: Union[MPI.Comm, Sequence[int], None],
 def threads_multiple() -> bool:
     """Whether the program's own mpi4py calls may run beside the engine's."""
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def world_ranks(comm: MPI.Comm, world: Optional[MpiTransport]) -> list[int]:
+    """The ranks in ``world`` (COMM_WORLD if None) of ``comm``'s members, in its order."""
+    world_comm = MPI.COMM_WORLD if world is None else world.comm
+    members, everyone = comm.Get_group(), world_comm.Get_group()
+    try:
+        ranks = list(members.Translate_ranks(list(range(comm.Get_size())), everyone))
+    finally:
+        members.Free()
+        everyone.Free()
+    if MPI.UNDEFINED in ranks:
+        raise UsageError(f"ProcessSet(communicator): {ranks.count(MPI.UNDEFINED)} of its "
+                         "members are outside the world hvdlite runs on")
+    return ranks

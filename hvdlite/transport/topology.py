@@ -44,29 +44,6 @@ def slurm_view(rank: int, size: int, environ: Mapping[str, str]) -> Optional[tup
     return (node, local) if procid == rank and ntasks == size else None
 
 
-def check_launch(world_size: int, environ: Optional[Mapping[str, str]] = None) -> None:
-    """Refuse the classic SLURM mistake: srun started N tasks but each one is its
-    own MPI world of size 1 (srun --mpi=none, or a PMI its MPI does not speak), which
-    would silently train N independent copies of the model."""
-    environ = os.environ if environ is None else environ
-    try:
-        tasks = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1")))
-    except ValueError:
-        return
-    if "SLURM_PROCID" in environ and tasks > 1 and world_size == 1:
-        from mpi4py import MPI      # an MPI-only check: MPI already runs when it is made
-        from hvdlite.errors import HvdliteError
-        from hvdlite.transport.mpi_library import library_from_version
-        library = library_from_version(MPI.Get_library_version())
-        raise HvdliteError(
-            f"srun started {tasks} tasks, but this one (SLURM_PROCID="
-            f"{environ['SLURM_PROCID']}) is an MPI world of size 1: the tasks cannot see "
-            f"each other. srun must use the PMI of your MPI, here {library.name} "
-            f"({library.version}): `srun --mpi={library.srun_mpi}` (or export "
-            f"SLURM_MPI_TYPE={library.srun_mpi}); `hvdliterun --check` names it. (MPICH "
-            "needs pmi2, Open MPI pmix.)")
-
-
 def detect(comm: Transport, environ: Optional[Mapping[str, str]] = None) -> Topology:
     """Collective over ``comm``: every rank must call it."""
     environ = os.environ if environ is None else environ

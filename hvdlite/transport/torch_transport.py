@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reduce_op import ReduceOp
-from hvdlite.transport.base import Await, check_data_op
+from hvdlite.transport.base import Await, TransportKind, check_data_op
 from hvdlite.transport.handoff import HANDOFF
 from hvdlite.transport.node_memory import NodeMemory, NodeRound, open_node_memory
 from hvdlite.transport.store_channel import StoreChannel
@@ -40,6 +40,7 @@ _GLOO_WIDER = {np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint16): np.d
 _SIGN64 = np.int64(-2**63)
 class TorchTransport:
     name = "gloo"
+    kind = TransportKind.TORCH
     failures: tuple[type[BaseException], ...] = (RuntimeError,)   # torch's DistBackendError too
     # An idle round here costs each rank about a millisecond of CPU on Gloo's threads
     # (microseconds over MPI); at 0.1 s, the transformer's 0.45 s steps paid for some
@@ -49,20 +50,11 @@ class TorchTransport:
     def __init__(self, group: Any, members: Sequence[int], shared_memory: bool = True) -> None:
         self.group, self.members = group, list(members)    # global ranks, in our rank order
         self.rank, self.size = self.members.index(dist.get_rank()), len(self.members)
-        self.native = self       # the backends run on this transport's data collectives
         ordered = sorted(self.members)
         self._torch_index = [ordered.index(g) for g in self.members]   # ours -> torch's
         self._shared_memory = shared_memory          # the setting, which splits inherit
         self._node_memory: Optional[NodeMemory] = None
         self._node_memory_tried = False
-
-    # As ``native``, this transport is what the executor and backends open a set on:
-    # they read its geometry by mpi4py's names, as they do an MPI communicator's.
-    def Get_rank(self) -> int:  # noqa: N802
-        return self.rank
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.size
 
     def _ours(self, by_torch_rank: Sequence[Any]) -> list[Any]:
         return [by_torch_rank[i] for i in self._torch_index]

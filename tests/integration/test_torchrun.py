@@ -96,6 +96,13 @@ def test_alltoall_runs_on_the_torch_transport_as_numpy_says(nproc: int) -> None:
         assert f"ALLTOALL rank {rank} of {nproc}" in output, output
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_the_architecture_pages_example_backend_runs_under_torchrun(nproc: int) -> None:
+    output = torchrun("architecture_backend", nproc, without_mpi4py=True)
+    for rank in range(nproc):
+        assert f"EXAMPLE BACKEND rank {rank} passed" in output, output
+
+
 def test_a_backend_registered_on_one_rank_fails_init_on_every_rank() -> None:
     # Known, open: after init() fails here, a loaded machine sometimes sees a rank abort at
     # interpreter exit inside Gloo's teardown ("terminate called without an active

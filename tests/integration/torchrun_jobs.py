@@ -3,6 +3,7 @@ rank: ``python -m tests.integration.torchrun_jobs JOB``. Each rank prints its li
 in one write each."""
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -104,6 +105,17 @@ def registry_mismatch() -> None:
     except BackendRegistryMismatchError as error:
         print(f"MISMATCH rank {rank} ranks={error.ranks} backends={error.backends}: {error}",
               flush=True)
+
+
+def architecture_backend() -> None:
+    """The backend that docs/ARCHITECTURE.md shows a user writing, run as the page has it:
+    it moves its data with the transport's own calls, so it serves torchrun's world too
+    (its block also runs under mpiexec with the other docs' examples)."""
+    from tests.integration import docs_examples
+    page = docs_examples.ROOT / "docs" / "ARCHITECTURE.md"
+    (block,) = [b for b in docs_examples.blocks(page) if "class GatherBackend" in b.code]
+    exec(compile(block.code, str(page), "exec"), {"__name__": "__main__"})   # noqa: S102
+    print(f"EXAMPLE BACKEND rank {int(os.environ['RANK'])} passed", flush=True)
 
 
 def lost_peer() -> None:
@@ -329,6 +341,7 @@ def horovod_launch_variables() -> None:
 if __name__ == "__main__":
     {"horovod_launch_variables": horovod_launch_variables, "conformance": conformance, "collectives": collectives,
      "lost_peer": lost_peer, "alltoall": alltoall, "shared_memory": shared_memory,
+     "architecture_backend": architecture_backend,
      "lost_in_shared_memory": lost_in_shared_memory,
      "dies_in_shared_memory_setup": dies_in_shared_memory_setup,
      "registry_mismatch": registry_mismatch}[sys.argv[1]]()

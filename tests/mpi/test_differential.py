@@ -16,8 +16,8 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.api import runtime
-from hvdlite.api.binding import make_ops
 from hvdlite.api.adapter import NUMPY
+from hvdlite.api.binding import make_ops
 from hvdlite.api.control import reconfigure
 from tests import differential
 from tests.differential import Path

@@ -43,7 +43,7 @@ class _OrRound:
 
 class _OrTransport(MpiTransport):
     def band_round(self, vector: array.array) -> Any:
-        return _OrRound(self.native, vector)
+        return _OrRound(self.comm, vector)
 
 
 def test_the_round_check_catches_an_or_round_on_mpi() -> None:

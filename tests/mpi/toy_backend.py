@@ -1,7 +1,7 @@
 """A host backend defined outside the hvdlite package, as a user's would be, for
 tests/mpi/test_registered_backend.py: allreduce (elementwise ops) by gathering every
-rank's buffer over the set's MPI communicator and reducing the rows in rank order with
-NumPy, so its result is checkable against a NumPy reference. It counts its calls."""
+rank's buffer over the set's MPI communicator (``transport.comm``: it serves sets on
+an MPI transport only) and reducing the rows in rank order with NumPy, so its result is checkable against a NumPy reference. It counts its calls."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +10,7 @@ import numpy as np
 
 from hvdlite.backends.base import DONE, UFUNCS, Done, widened_dtype
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import Transport, TransportKind
 
 
 class ToyBackend:
@@ -25,13 +26,14 @@ class ToyBackend:
 
     def supports(self, kind: str, dtype: np.dtype, device: str, nbytes: int,
                  op: ReduceOp = ReduceOp.SUM) -> bool:
-        return kind == "allreduce" and device == "cpu" and op in UFUNCS
+        return kind == "allreduce" and device == "cpu" and op in UFUNCS and bool(self._comms)
 
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return widened_dtype(dtype)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
-        self._comms[set_id] = comm
+    def open_set(self, set_id: int, transport: Transport) -> None:
+        if transport.kind is TransportKind.MPI:
+            self._comms[set_id] = transport.comm
 
     def close_set(self, set_id: int) -> None:
         self._comms.pop(set_id, None)

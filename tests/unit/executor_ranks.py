@@ -18,6 +18,7 @@ from hvdlite.backends import ring as ring_backend
 from hvdlite.config import Config
 from hvdlite.engine.executor import Executor
 from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import FAKE_MPI, ThreadComm, run_ranks
 
 SET = 3                      # not set 0: the executor must use the id it is given
@@ -85,7 +86,7 @@ class Ranks:
         self.executor = Executor(Config.load({}, **settings),
                                  lambda request, result: self.completed.append((request, result)),
                                  lambda: None)
-        self.executor.open_set(SET, comm)
+        self.executor.open_set(SET, MpiTransport(comm))
         self.calls: list[tuple[str, str]] = []
         self._depth = 0
         for backend in self.executor.chain.every_backend():

@@ -1,6 +1,9 @@
 """Stand-ins for an MPI communicator, so that the host backends can be unit-tested
 at any size in one process (found necessary by make mutate on hvdlite/backends:
 the MPI stages run at 2 ranks, where a ring has one step and nothing is odd).
+Backends take a transport: a test opens them on the real MPI transport over one of
+these (``MpiTransport(comm)``), and tests/unit/fake_transport.py's in-process transport
+has one as its ``comm``, so there is one fake world, seen through MPI's calls.
 
 ``run_ranks`` runs one thread per rank over a :class:`ThreadWorld`, whose
 point-to-point calls (Isend, Irecv, Send, Recv, Sendrecv) behave like MPI's: messages between two ranks with one tag

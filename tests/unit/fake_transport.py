@@ -7,8 +7,9 @@ group (MPI's rule: every rank calls a group's collectives in the same order); a
 started one completes once every rank of the group has posted its part, so the
 non-blocking ones (the negotiation round, the awaited gather and bcast) really are:
 ``Test`` is true only then. Objects travel pickled, so each rank gets its own copy
-as under MPI. ``native`` is a tests/unit/fake_comm.ThreadComm over the same ranks,
-the fake the host backends' unit tests run on.
+as under MPI. Its ``kind`` is MPI unless the test asks for another (``run_transports``'s
+``kind``); as an MPI transport's, its ``comm`` is a tests/unit/fake_comm.ThreadComm over
+the same ranks, the communicator the host backends' unit tests run on.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 import numpy as np
 
 from hvdlite.reduce_op import ReduceOp
-from hvdlite.transport.base import Await, check_data_op
+from hvdlite.transport.base import Await, TransportKind, check_data_op
 from tests.unit.fake_comm import ThreadComm, ThreadWorld, run_threads
 
 TIMEOUT = 10.0
@@ -38,20 +39,21 @@ class FakeTransportError(Exception):
 class Hub:
     """What the ranks of one group share."""
 
-    def __init__(self, size: int, hosts: Sequence[str], broken: threading.Event) -> None:
-        self.size, self.hosts, self.broken = size, list(hosts), broken
+    def __init__(self, size: int, hosts: Sequence[str], broken: threading.Event,
+                 kind: TransportKind = TransportKind.MPI) -> None:
+        self.size, self.hosts, self.broken, self.kind = size, list(hosts), broken, kind
         self.cond = threading.Condition()
         self.ops: dict[int, list[Any]] = {}          # sequence number -> posted parts
         self.taken: dict[int, int] = collections.Counter()
         self.children: dict[Hashable, Hub] = {}
         self.inboxes = [collections.deque() for _ in range(size)]   # liveness messages
-        self.native_world = ThreadWorld(size)
+        self.comm_world = ThreadWorld(size)
         self.aborts: list[tuple[int, int]] = []
 
     def child(self, key: Hashable, hosts: Sequence[str]) -> "Hub":
         with self.cond:
             if key not in self.children:
-                self.children[key] = Hub(len(hosts), hosts, self.broken)
+                self.children[key] = Hub(len(hosts), hosts, self.broken, self.kind)
             return self.children[key]
 
 
@@ -135,8 +137,8 @@ class ThreadTransport:
     idle_tick_s = 0.1
 
     def __init__(self, hub: Hub, rank: int) -> None:
-        self.hub, self.rank, self.size = hub, rank, hub.size
-        self.native = ThreadComm(hub.native_world, rank)
+        self.hub, self.rank, self.size, self.kind = hub, rank, hub.size, hub.kind
+        self.comm = ThreadComm(hub.comm_world, rank)
         self._seq = 0
 
     # -- matching ------------------------------------------------------------------
@@ -239,11 +241,12 @@ class ThreadTransport:
 
 def run_transports(size: int, work: Callable[[ThreadTransport], Any],
                    hosts: Optional[Sequence[str]] = None,
-                   make: Callable[[Hub, int], ThreadTransport] = ThreadTransport) -> list[Any]:
+                   make: Callable[[Hub, int], ThreadTransport] = ThreadTransport,
+                   kind: TransportKind = TransportKind.MPI) -> list[Any]:
     """``work(transport)`` on every rank of a fresh world, a thread each; results in
     rank order. Any rank's exception is raised once every thread has ended (the others
     fail fast: a broken world fails their waits)."""
-    hub = Hub(size, hosts or ["vm"] * size, threading.Event())
+    hub = Hub(size, hosts or ["vm"] * size, threading.Event(), kind)
     results, errors = run_threads(size, lambda rank: work(make(hub, rank)), hub.broken.set)
     if errors:
         first = next((e for e in errors if not isinstance(e, FakeTransportError)), errors[0])

@@ -18,6 +18,7 @@ import hvdlite.backends
 from hvdlite.backends import ring as ring_backend
 from hvdlite.config import Config
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit import fake_cupy
 from tests.unit.fake_comm import FAKE_MPI, ThreadComm, run_ranks
 
@@ -89,7 +90,7 @@ def config(**settings: Any) -> Config:
 
 def opened(factory: Any, comm: ThreadComm, **settings: Any) -> Any:
     backend = factory(config(**settings))
-    backend.open_set(SET, comm)
+    backend.open_set(SET, MpiTransport(comm))
     return backend
 
 

@@ -14,6 +14,7 @@ import pytest
 from hvdlite.backends import adasum
 from hvdlite.backends.adasum import AdasumBackend, tree_reference
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import ThreadComm, ThreadWorld, run_ranks
 
 SET = 5
@@ -32,7 +33,7 @@ def _reduce(vectors: list[np.ndarray], repeat: int = 1) -> tuple[list[np.ndarray
     """Each rank's results of ``repeat`` Adasum allreduces of its vector, and its backend."""
     def work(comm: ThreadComm) -> tuple[list[np.ndarray], AdasumBackend]:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         outs = []
         for _ in range(repeat):
             buf = vectors[comm.rank].copy()
@@ -85,7 +86,7 @@ def test_the_scratch_buffer_serves_a_larger_then_a_smaller_tensor() -> None:
 
     def work(comm: ThreadComm) -> tuple[list[np.ndarray], list[np.ndarray]]:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         outs, scratch = [], []
         for vectors in order:
             buf = vectors[comm.rank].copy()
@@ -110,7 +111,7 @@ def test_traffic_counts_the_bytes_each_rank_sent(size: int, n: int) -> None:
 
     def work(comm: ThreadComm) -> dict:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         backend.allreduce(SET, vectors[comm.rank].copy(), ReduceOp.ADASUM)
         world_bytes.append(comm.world)
         return backend.traffic.snapshot()
@@ -147,7 +148,7 @@ def test_each_rank_sends_half_its_range_at_each_level(size: int, n: int) -> None
 
     def work(comm: ThreadComm) -> tuple[dict, np.ndarray]:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         buf = vectors[comm.rank].copy()
         backend.allreduce(SET, buf, ReduceOp.ADASUM)
         return backend.traffic.snapshot()["allreduce"], buf
@@ -166,7 +167,7 @@ def test_each_rank_sends_half_its_range_at_each_level(size: int, n: int) -> None
 def test_a_set_that_is_not_a_power_of_two_is_refused() -> None:
     def work(comm: ThreadComm) -> None:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         with pytest.raises(ValueError, match="power-of-two process set, got 3 ranks"):
             backend.allreduce(SET, np.ones(4), ReduceOp.ADASUM)
     run_ranks(3, work)
@@ -176,7 +177,7 @@ def test_a_set_that_is_not_a_power_of_two_is_refused() -> None:
 def test_only_float32_and_float64_buffers_are_reduced(dtype: Any) -> None:
     def work(comm: ThreadComm) -> None:
         backend = AdasumBackend()
-        backend.open_set(SET, comm)
+        backend.open_set(SET, MpiTransport(comm))
         with pytest.raises(TypeError, match="float32/float64"):
             backend.allreduce(SET, np.ones(4, dtype=dtype), ReduceOp.ADASUM)
     run_ranks(2, work)

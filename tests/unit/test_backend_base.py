@@ -3,6 +3,8 @@ the persistent scratch pair, the widened half types, the default out-of-place
 allreduce, and the segment arithmetic (found by make mutate on backends/base.py)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from hvdlite.backends.base import (DONE, UFUNCS, HostBackend, ScratchPair, Traffic, even_counts,
                                    offsets, segment_bounds, widened_dtype)
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import TransportKind
 
 
 def test_traffic_counts_calls_and_bytes_per_kind_and_in_total() -> None:
@@ -71,12 +74,18 @@ def test_default_allreduce_from_copies_then_reduces_in_place() -> None:
 
 def test_sets_open_and_close() -> None:
     backend, comm = HostBackend(), object()
-    backend.open_set(5, comm)
-    assert backend._comms == {5: comm}
+    backend.open_set(5, SimpleNamespace(kind=TransportKind.MPI, comm=comm))
+    assert backend._comms == {5: comm} and not backend.declined
     backend.close_set(5)
     backend.close_set(5)                       # twice, or a set never opened: harmless
     assert backend._comms == {}
     assert HostBackend().traffic.exact is True and HostBackend().name == "host"
+
+
+def test_a_set_on_a_transport_of_another_kind_is_declined() -> None:
+    backend = HostBackend()
+    backend.open_set(0, SimpleNamespace(kind=TransportKind.TORCH))
+    assert backend.declined and backend._comms == {}
 
 
 def test_scratch_pair_is_two_disjoint_persistent_buffers() -> None:

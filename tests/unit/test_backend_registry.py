@@ -13,6 +13,8 @@ from hvdlite.config import Config, parse_backends
 from hvdlite.engine.chain import BackendChain
 from hvdlite.errors import ConfigError, UnknownBackendError, UsageError
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import TransportKind
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import RecordingComm
 
 pytestmark = pytest.mark.usefixtures("device_registry")    # each test's own registry
@@ -31,8 +33,8 @@ def _toy(name: str, up_to: int = 1 << 40) -> Any:
                      op: ReduceOp = ReduceOp.SUM) -> bool:
             return kind == "allreduce" and nbytes < up_to and op is not ReduceOp.ADASUM
 
-        def open_set(self, set_id: int, comm: Any) -> None:
-            self.sets[set_id] = comm
+        def open_set(self, set_id: int, transport: Any) -> None:
+            self.sets[set_id] = transport
 
         def close_set(self, set_id: int) -> None:
             self.sets.pop(set_id)
@@ -140,8 +142,8 @@ def test_the_setting_may_name_a_host_backend_allreduce_leaves_out() -> None:
 
 def test_a_backend_registered_later_joins_at_configure_serving_every_open_set() -> None:
     chain = _chain()
-    chain.open_set(0, RecordingComm(1))
-    chain.open_set(3, RecordingComm(1))
+    chain.open_set(0, MpiTransport(RecordingComm(1)))
+    chain.open_set(3, MpiTransport(RecordingComm(1)))
     register_backend("late", _toy("late"))
     assert _picked(chain) == "mpi"             # not before a point every rank passes
     chain.configure(chain._config)
@@ -216,10 +218,10 @@ def test_on_a_transport_world_the_transport_backend_alone_serves_host_data() -> 
     from tests.unit.fake_transport import run_transports
     register_backend("toy", _toy("toy", up_to=16))
     on_mpi = _chain()
-    on_mpi.open_set(0, RecordingComm(2))
+    on_mpi.open_set(0, MpiTransport(RecordingComm(2)))
     assert [b.name for b in on_mpi.chain_for("cpu")] == ["toy", "adasum", "ring", "mpi"]
     on_gloo = _chain(backends="cpu:transport")     # HVDLITE_BACKENDS may name it
-    run_transports(1, lambda t: on_gloo.open_set(0, t))
+    run_transports(1, lambda t: on_gloo.open_set(0, t), kind=TransportKind.TORCH)
     assert [b.name for b in on_gloo.chain_for("cpu")] == ["transport", "toy"]
     assert _picked(on_gloo, 1 << 20) == _picked(on_gloo, 8) == "transport"
     assert _picked(on_gloo, kind="alltoall") == "transport"

@@ -18,6 +18,7 @@ from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.ps import ParameterServerBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import FAKE_MPI, RecordingComm, ThreadComm, run_ranks
 
 ELEMENTWISE = [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
@@ -68,7 +69,7 @@ def test_mpi_estimates_what_a_bandwidth_optimal_algorithm_moves(size: int, where
     allgather, a reduce-scatter and an alltoall, N from the root for a broadcast."""
     rank = {"first": 0, "second": 1, "last": size - 1}[where]
     backend = MpiBackend()
-    backend.open_set(0, RecordingComm(size, rank))
+    backend.open_set(0, MpiTransport(RecordingComm(size, rank)))
     backend.allreduce(0, np.zeros(125), ReduceOp.SUM)                    # N = 1000 bytes
     estimate = 2 * 1000 * (size - 1) // size
     assert moved(backend, "allreduce") == (estimate, estimate)
@@ -89,7 +90,7 @@ def test_mpi_estimates_what_a_bandwidth_optimal_algorithm_moves(size: int, where
 
 def test_mpi_calls_nothing_for_one_rank_or_an_empty_buffer() -> None:
     backend, one = MpiBackend(), RecordingComm(1)
-    backend.open_set(0, one)
+    backend.open_set(0, MpiTransport(one))
     buf = np.arange(5.0)
     backend.allreduce(0, buf, ReduceOp.SUM)
     np.testing.assert_array_equal(buf, np.arange(5.0))
@@ -103,7 +104,7 @@ def test_mpi_calls_nothing_for_one_rank_or_an_empty_buffer() -> None:
     assert one.calls == ["Ibcast"]                      # a broadcast is MPI's business
     assert "broadcast" not in backend.traffic.snapshot()  # ... but moves nothing
     two = RecordingComm(2)
-    backend.open_set(1, two)
+    backend.open_set(1, MpiTransport(two))
     backend.allreduce(1, np.zeros(0), ReduceOp.SUM)
     assert two.calls == []
     backend.allreduce(1, np.zeros(2), ReduceOp.SUM)
@@ -113,7 +114,7 @@ def test_mpi_calls_nothing_for_one_rank_or_an_empty_buffer() -> None:
 def test_mpi_one_rank_reducescatter_really_runs() -> None:
     """On MPI's own one-rank communicator: the reduction of one rank is its data."""
     backend = MpiBackend()
-    backend.open_set(0, MPI.COMM_SELF)
+    backend.open_set(0, MpiTransport(MPI.COMM_SELF))
     out = np.zeros(4)
     backend.reducescatter(0, np.arange(4.0), [4], out, ReduceOp.MAX)
     np.testing.assert_array_equal(out, np.arange(4.0))
@@ -144,7 +145,7 @@ def test_ring_allreduce_every_op(size: int, n: int, dtype: type) -> None:
 
     def work(comm: ThreadComm) -> list:
         ring = RingBackend(chunk_bytes=64)
-        ring.open_set(0, comm)
+        ring.open_set(0, MpiTransport(comm))
         results = []
         for op in ELEMENTWISE:
             buf = contribution(comm.rank, n, dtype)
@@ -174,7 +175,7 @@ def test_ring_cuts_messages_into_chunks(size: int, chunk_bytes: int) -> None:
 
     def work(comm: ThreadComm) -> tuple:
         ring = RingBackend(chunk_bytes=chunk_bytes)
-        ring.open_set(0, comm)
+        ring.open_set(0, MpiTransport(comm))
         buf = contribution(comm.rank, n, F64)
         ring.allreduce(0, buf, ReduceOp.SUM)
         return buf, comm.world
@@ -193,7 +194,7 @@ def test_ring_reducescatter_uneven_shares(size: int, op: ReduceOp) -> None:
 
     def work(comm: ThreadComm) -> tuple:
         ring = RingBackend(chunk_bytes=64)
-        ring.open_set(0, comm)
+        ring.open_set(0, MpiTransport(comm))
         out = np.zeros(counts[comm.rank])
         ring.reducescatter(0, contribution(comm.rank, n, F64), counts, out, op)
         return out, ring.traffic.snapshot()["reducescatter"]
@@ -210,7 +211,7 @@ def test_ring_scratch_grows_for_a_wider_dtype() -> None:
     """The scratch pair is reused across calls and grown when a call needs more."""
     def work(comm: ThreadComm) -> list:
         ring = RingBackend(chunk_bytes=1 << 10)
-        ring.open_set(0, comm)
+        ring.open_set(0, MpiTransport(comm))
         small = contribution(comm.rank, 50, np.dtype(np.int32))
         ring.allreduce(0, small, ReduceOp.SUM)
         large = contribution(comm.rank, 500, F64)
@@ -238,7 +239,7 @@ def test_parameter_server_every_op_and_its_bytes(size: int, n: int) -> None:
     rank or an empty buffer."""
     def work(comm: ThreadComm) -> list:
         server = ParameterServerBackend()
-        server.open_set(0, comm)
+        server.open_set(0, MpiTransport(comm))
         results = []
         for op in ELEMENTWISE:
             buf = contribution(comm.rank, n, F64)
@@ -263,7 +264,7 @@ def test_parameter_server_reduces_in_rank_order() -> None:
 
     def work(comm: ThreadComm) -> np.ndarray:
         server = ParameterServerBackend()
-        server.open_set(0, comm)
+        server.open_set(0, MpiTransport(comm))
         buf = data[comm.rank].copy()
         server.allreduce(0, buf, ReduceOp.SUM)
         return buf
@@ -281,7 +282,7 @@ def test_ring_segment_of_more_than_256_chunks() -> None:
 
     def work(comm: ThreadComm) -> np.ndarray:
         ring = RingBackend(chunk_bytes=64)
-        ring.open_set(0, comm)
+        ring.open_set(0, MpiTransport(comm))
         buf = contribution(comm.rank, n, F64)
         ring.allreduce(0, buf, ReduceOp.SUM)
         return buf
@@ -293,7 +294,7 @@ def test_mpi_broadcast_root_of_a_set_beyond_256_ranks() -> None:
     """Ranks past CPython's cached small integers: the root compared by value."""
     for rank in (299, 300, 301):
         backend = MpiBackend()
-        backend.open_set(0, RecordingComm(400, rank))
+        backend.open_set(0, MpiTransport(RecordingComm(400, rank)))
         backend.broadcast(0, np.zeros(16, np.uint8), root=int("300"))   # a fresh int object
         assert moved(backend, "broadcast") == ((16, 0) if rank == 300 else (0, 16))
 
@@ -304,7 +305,7 @@ def test_parameter_server_with_more_than_256_workers() -> None:
 
     def work(comm: ThreadComm) -> np.ndarray:
         server = ParameterServerBackend()
-        server.open_set(0, comm)
+        server.open_set(0, MpiTransport(comm))
         buf = np.full(2, float(comm.rank))
         server.allreduce(0, buf, ReduceOp.SUM)
         return buf

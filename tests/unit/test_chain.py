@@ -12,6 +12,8 @@ import pytest
 from hvdlite.config import Config
 from hvdlite.engine.chain import BackendChain
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import TransportKind
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit import fake_device_plugin as plugin
 from tests.unit.fake_comm import RecordingComm
 
@@ -98,7 +100,7 @@ def fake_device(monkeypatch: pytest.MonkeyPatch, device_registry: None) -> Itera
         def configure(self, config: Any) -> None:
             self.config = config
 
-        def open_set(self, set_id: int, comm: Any) -> None:
+        def open_set(self, set_id: int, transport: Any) -> None:
             opened.append(set_id)
 
         def close_set(self, set_id: int) -> None:
@@ -109,8 +111,8 @@ def fake_device(monkeypatch: pytest.MonkeyPatch, device_registry: None) -> Itera
 
 def test_a_plugins_backend_joins_the_front_and_serves_every_open_set(fake_device: Any) -> None:
     chain = _chain()
-    chain.open_set(0, RecordingComm(1))
-    chain.open_set(5, RecordingComm(1))
+    chain.open_set(0, MpiTransport(RecordingComm(1)))
+    chain.open_set(5, MpiTransport(RecordingComm(1)))
     assert chain.pick("allreduce", F32, "fake:0", 8).name == "fake-device"
     assert fake_device == [0, 5]                     # it opened the sets already open
     assert chain.backends[0].name == "fake-device"
@@ -149,8 +151,8 @@ def test_on_another_transports_world_the_mpi_backends_are_never_made(
         entries.append(entry)
     monkeypatch.setattr(registry, "entries", lambda: list(entries))
 
-    class World:                    # a transport: it has the data collectives
-        rank, size = 0, 2
+    class World:                    # a transport of another kind than MPI
+        kind, rank, size = TransportKind.TORCH, 0, 2
 
         def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
             buf *= self.size
@@ -164,5 +166,5 @@ def test_on_another_transports_world_the_mpi_backends_are_never_made(
 
     made.clear()
     mpi_chain = _chain()
-    mpi_chain.open_set(0, RecordingComm(2))
+    mpi_chain.open_set(0, MpiTransport(RecordingComm(2)))
     assert set(made) == {"transport", "adasum", "ps", "ring", "mpi"}

@@ -177,7 +177,7 @@ def test_an_engine_that_fails_stops_with_an_error_naming_its_rank(
     assert "RuntimeError: boom" in log.text        # the traceback
     with pytest.raises(HvdliteError, match="failed on rank 0"):
         engine.submit(allreduce("b"))
-    assert world.ends == [] and engine.transport.native.__dict__.get("ends", []) == []
+    assert world.ends == [] and engine.transport.comm.__dict__.get("ends", []) == []
 
 
 def test_a_crash_with_abort_on_error_aborts_the_job_with_status_1(world: SimpleNamespace) -> None:

@@ -17,6 +17,7 @@ from hvdlite.engine import executor as executor_module
 from hvdlite.engine import packing
 from hvdlite.engine.executor import Executor
 from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.executor_ranks import (BF16, SET, SIZES, Ranks, allreduce, contribution, desc,
                                        expected, fake_requests, on_ranks, responses_for)
 from tests.unit.fake_comm import ThreadComm, run_ranks
@@ -280,7 +281,7 @@ def test_the_timeline_gets_each_phase_from_agreement_on() -> None:
     def steps(comm: ThreadComm) -> list:
         timeline = _Timeline()
         run = Executor(Config.load({}, direct_threshold=64), lambda r, x: None, lambda: timeline)
-        run.open_set(SET, comm)
+        run.open_set(SET, MpiTransport(comm))
         requests = _group(comm.Get_rank(), "ab") + [
             allreduce("big", np.ones(20)),
             Request(desc("g", Kind.ALLGATHER, np.ones(2)), SET, np.ones(2))]
@@ -311,7 +312,7 @@ def test_what_agreement_alone_completes_has_no_backend_activity(kind: Kind) -> N
     def steps(comm: ThreadComm) -> list:
         timeline = _Timeline()
         run = Executor(Config.load({}), lambda r, x: None, lambda: timeline)
-        run.open_set(SET, comm)
+        run.open_set(SET, MpiTransport(comm))
         request = Request(Descriptor("x", kind), SET)
         request.agreed_at = 5.0
         run.run(SET, [Response(request.desc)], {"x": request})
@@ -331,7 +332,7 @@ def test_a_timeline_started_while_an_op_runs_starts_its_spans_at_agreement() -> 
             lookups.append(1)
             return timeline if len(lookups) > 1 else None
         run = Executor(Config.load({}), lambda r, x: None, current)
-        run.open_set(SET, comm)
+        run.open_set(SET, MpiTransport(comm))
         request = allreduce("late", np.ones(3), inplace=True)
         request.agreed_at = 5.0
         run.run(SET, [Response(request.desc)], {"late": request})

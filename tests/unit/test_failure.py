@@ -44,9 +44,8 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
     """A abort_on_error module whose aborts and exits are recorded, whose sleeps are
     recorded, and whose state is restored after the test."""
     fake = Ends()
-    # The world as the transport seam leaves it before install(): MPI's COMM_WORLD.
+    # The world as init() leaves it before install(): MPI's, whose abort is recorded.
     monkeypatch.setattr(abort_on_error, "_abort_world", fake.Abort)
-    monkeypatch.setattr(abort_on_error, "_mpi_world_who", lambda: (5, 8))
     monkeypatch.setattr(abort_on_error, "os", SimpleNamespace(write=os.write, fsync=os.fsync,
                                                       _exit=fake._exit))
     monkeypatch.setattr(abort_on_error, "time", SimpleNamespace(sleep=lambda s: fake.calls.append(
@@ -142,13 +141,15 @@ def test_emit_writes_all_of_a_long_text_and_survives_a_broken_fd_2(
 
 
 def test_messages_name_the_rank(ends: Ends, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert abort_on_error._identify() == "[hvdlite] rank 5 of 8 on node7"     # asked of MPI
+    monkeypatch.setattr(abort_on_error, "_who", None)      # no rank known yet
+    assert abort_on_error._identify() == "[hvdlite] rank ? of ? on node7"
     monkeypatch.setattr(abort_on_error, "_who", (2, 4))
     assert abort_on_error._identify() == "[hvdlite] rank 2 of 4 on node7"
 
 
 def test_an_uncaught_error_prints_its_traceback_then_aborts_with_1(
-        ends: Ends, capfd: pytest.CaptureFixture) -> None:
+        ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(abort_on_error, "_who", (5, 8))       # as install() leaves it
     try:
         raise KeyError("missing")
     except KeyError as exc:
@@ -226,6 +227,7 @@ def test_a_caught_sys_exit_is_an_ordinary_system_exit_and_records_nothing(
 
 def test_exiting_with_an_error_status_aborts_with_it(ends: Ends, capfd: pytest.CaptureFixture,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(abort_on_error, "_who", (5, 8))       # as install() leaves it
     for status in (None, 0):
         monkeypatch.setattr(abort_on_error, "_exit_status", status)
         abort_on_error.abort_if_exiting_with_error()
@@ -266,12 +268,13 @@ def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
 def test_under_another_transport_the_abort_names_it_not_mpi(
         ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=lambda f: None))
-    abort_on_error.use_transport("gloo")
+    abort_on_error.use_transport("gloo", lambda status: ends.calls.append(("gloo", status)))
     abort_on_error.mark_broken(1, 4, "rank 3 exited")
     with pytest.raises(Aborted):
         abort_on_error.abort_if_broken()
     err = capfd.readouterr().err
     assert "MPI" not in err and "torch.distributed (gloo) would wait for the lost rank" in err
+    assert ("gloo", 1) in ends.calls          # the transport's own way to end the job
     assert abort_on_error.transport_label() == "torch.distributed (gloo)"
     assert abort_on_error.transport_label("mpi") == "MPI"
 

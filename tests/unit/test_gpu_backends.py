@@ -22,6 +22,7 @@ import hvdlite.backends
 from hvdlite.backends.base import even_counts
 from hvdlite.config import Config
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit import fake_cupy, fake_nccl
 from tests.unit.fake_comm import ThreadComm
 from tests.unit.gpu_ranks import (BF16, DTYPES, ELEMENTWISE, F16, F32, MODULES, SET, SIZES,
@@ -434,7 +435,7 @@ def test_a_closed_set_reopened_gets_a_new_communicator(gpu: SimpleNamespace) -> 
             backend.allreduce(SET, buf, ReduceOp.SUM)
             sums.append(buf.get())
             backend.close_set(SET)
-            backend.open_set(SET, comm)
+            backend.open_set(SET, MpiTransport(comm))
         return sums
     for sums in on_gpus(2, work):
         for result in sums:

@@ -42,7 +42,7 @@ class _Comm:
 def test_a_communicator_under_torchrun_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(Comm=_Comm))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    with pytest.raises(hvd.UsageError, match="runs under torchrun.*pass the list of ranks"):
+    with pytest.raises(hvd.UsageError, match="started by torchrun and runs on the torch transport.*pass the list of ranks"):
         hvd.ProcessSet(_Comm())
     assert hvd.ProcessSet([2, 0]).ranks == [0, 2]
 

@@ -12,6 +12,8 @@ from hvdlite.backends.mpi import MpiBackend
 from hvdlite.backends.on_transport import TransportBackend
 from hvdlite.backends.ring import RingBackend
 from hvdlite.reduce_op import ReduceOp
+from hvdlite.transport.base import TransportKind
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import RecordingComm
 from tests.unit.fake_transport import ThreadTransport, run_transports
 
@@ -32,7 +34,7 @@ def test_allreduce_average_is_a_sum_and_min_is_a_min() -> None:
         low = np.array([t.rank + 3, 7 - t.rank], dtype=np.int64)
         backend.allreduce(4, low, ReduceOp.MIN)
         return total.tolist(), low.tolist(), backend.traffic.totals
-    for total, low, (sent, received) in run_transports(3, steps):
+    for total, low, (sent, received) in run_transports(3, steps, kind=TransportKind.TORCH):
         assert total == [3.0, 3.0] and low == [3, 5]
         assert sent == received == 2 * 8 * 2 // 3 + 2 * 16 * 2 // 3   # per call, as mpi counts
 
@@ -48,7 +50,7 @@ def test_allgather_broadcast_and_reducescatter() -> None:
         out = np.zeros(counts[t.rank])
         backend.reducescatter(4, np.arange(6.0), counts, out, ReduceOp.SUM)
         return recv.tolist(), buf.tolist(), out.tolist()
-    results = run_transports(3, steps)
+    results = run_transports(3, steps, kind=TransportKind.TORCH)
     slices = [[0.0], [3.0, 6.0], [9.0, 12.0, 15.0]]
     for rank, (recv, buf, out) in enumerate(results):
         assert recv == [1, 2, 2, 3, 3, 3] and buf == [2.0, 2.0] and out == slices[rank]
@@ -64,16 +66,16 @@ def test_alltoall_sends_each_rank_its_part() -> None:
         recv = np.zeros(sum(recv_counts), dtype=np.uint8)
         backend.alltoall(4, send, counts, recv, recv_counts)
         return recv.tolist(), backend.traffic.totals
-    for rank, (recv, (sent, received)) in enumerate(run_transports(3, steps)):
+    for rank, (recv, (sent, received)) in enumerate(run_transports(3, steps, kind=TransportKind.TORCH)):
         assert recv == [10 * r + rank for r in range(3) for _ in range(r + rank)]
         assert (sent, received) == (3 * rank + 3 - 2 * rank, 3 * rank + 3 - 2 * rank)
 
 
 def test_it_serves_only_sets_opened_on_a_transport_and_only_elementwise_host_calls() -> None:
     backend = TransportBackend()
-    backend.open_set(0, RecordingComm(2))                  # an MPI communicator: not ours
+    backend.open_set(0, MpiTransport(RecordingComm(2)))                  # an MPI communicator: not ours
     assert not backend.supports("allreduce", np.dtype("f4"), "cpu", 8)
-    run_transports(1, lambda t: backend.open_set(1, t))
+    run_transports(1, lambda t: backend.open_set(1, t), kind=TransportKind.TORCH)
     assert backend.supports("allreduce", np.dtype("f4"), "cpu", 8, ReduceOp.PRODUCT)
     assert backend.supports("reducescatter", np.dtype("f4"), "cpu", 8)
     assert backend.supports("alltoall", np.dtype("u1"), "cpu", 8)
@@ -86,7 +88,7 @@ def test_it_serves_only_sets_opened_on_a_transport_and_only_elementwise_host_cal
 @pytest.mark.parametrize("make", [MpiBackend, lambda: RingBackend(1 << 20)])
 def test_the_mpi_backends_decline_a_set_opened_on_a_transport(make: Any) -> None:
     backend = make()
-    backend.open_set(0, RecordingComm(2))
+    backend.open_set(0, MpiTransport(RecordingComm(2)))
     assert backend.supports("allreduce", np.dtype("f4"), "cpu", 1 << 30)
-    run_transports(1, lambda t: backend.open_set(1, t))
+    run_transports(1, lambda t: backend.open_set(1, t), kind=TransportKind.TORCH)
     assert not backend.supports("allreduce", np.dtype("f4"), "cpu", 1 << 30)

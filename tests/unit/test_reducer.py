@@ -18,10 +18,10 @@ from hvdlite.api import runtime
 from hvdlite.api.adapter import NUMPY
 from hvdlite.api.compression import Compression
 from hvdlite.config import Config
+from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer import buckets as reducer_module
 from hvdlite.reducer.buckets import Reducer
-from hvdlite.config_values import ONE_BUCKET
 from hvdlite.reducer.layout import cut, group_positions, plan
 from hvdlite.reducer.settings import Settings
 from tests.unit.stand_ins import BatchingEngine, StandInGpuAdapter, StandInGpuTensor

@@ -16,6 +16,7 @@ from hvdlite.config import Config
 from hvdlite.engine import devices
 from hvdlite.engine.executor import Executor
 from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Request, Response
+from hvdlite.transport.mpi_transport import MpiTransport
 from tests.unit.fake_comm import RecordingComm
 
 
@@ -50,7 +51,7 @@ class _StreamBackend:
     def reduction_dtype(self, dtype: np.dtype) -> np.dtype:
         return np.dtype(dtype)
 
-    def open_set(self, set_id: int, comm: Any) -> None:
+    def open_set(self, set_id: int, transport: Any) -> None:
         pass
 
     def close_set(self, set_id: int) -> None:
@@ -94,7 +95,7 @@ def executor(device_registry: None) -> Iterator[tuple[Executor, list, list]]:
     completed: list[tuple[Request, Any]] = []
     run = Executor(Config.load({}), lambda request, result: completed.append((request, result)),
                    lambda: None)
-    run.open_set(0, RecordingComm(2))
+    run.open_set(0, MpiTransport(RecordingComm(2)))
     run.chain.configure(run.config)    # registered after the chain was built
     yield run, completed, prepared
 

@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 import pytest
 
 from hvdlite.errors import HvdliteError
-from hvdlite.transport.topology import Topology, check_launch, detect, slurm_view
+from hvdlite.transport.mpi_transport import check_launch
+from hvdlite.transport.topology import Topology, detect, slurm_view
 
 
 class Group:

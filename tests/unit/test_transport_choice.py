@@ -8,15 +8,35 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.api import runtime
+from hvdlite.errors import UsageError
+from hvdlite.transport import choice
 
 
 def test_torchrun_gets_torchs_transport_and_anything_else_mpis(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    assert runtime._world().__name__ == "hvdlite.transport.mpi_transport"
+    assert choice.world_module().__name__ == "hvdlite.transport.mpi_transport"
+    assert choice.chosen({"SLURM_PROCID": "0"}).name == "mpi"
     pytest.importorskip("torch.distributed")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    assert runtime._world().__name__ == "hvdlite.transport.torch_transport"
+    assert choice.world_module().__name__ == "hvdlite.transport.torch_transport"
+
+
+def test_a_missing_library_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chosen transport's library is missing: a UsageError naming the way out; any
+    other missing module is the error it is."""
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(choice.importlib, "import_module",
+                        lambda module: missing("torch" if "torch" in module else "mpi4py"))
+    with pytest.raises(UsageError, match=r"pip install 'hvdlite\[mpich\]'.*torchrun"):
+        choice.world_module({})
+    with pytest.raises(UsageError, match="torch is not installed"):
+        choice.world_module({"TORCHELASTIC_RUN_ID": "x"})
+    monkeypatch.setattr(choice.importlib, "import_module", lambda module: missing("numpy"))
+    with pytest.raises(ModuleNotFoundError):
+        choice.world_module({})
 
 
 @pytest.mark.parametrize("name,gloo,mpi", [("gloo", True, False), ("mpi", False, True)])
