@@ -1,6 +1,11 @@
 """The models ``bench training`` trains: a small MLP and CNN (a few large tensors),
 and a GPT-style decoder (many tensors, as the models people train today have).
 
+``tensors10``, ``tensors100`` and ``tensors1000``: 4 Mi float32 parameters (16 MiB of
+gradients) split evenly into that many tensors, with a loss whose backward is one
+multiply per element: the same bytes to reduce in ever more pieces, for the engine's CPU
+per step against the number of tensors (``bench training --tensors``).
+
 ``transformer``: 12 pre-norm decoder blocks of width 256 (4 heads, 4x MLP), token
 and position embeddings, a final norm and an untied output layer over a 4096-token
 vocabulary: 150 parameter tensors, 11.6 M parameters, trained on synthetic tokens
@@ -9,8 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-MODELS = ("mlp", "cnn", "transformer")
-BATCH = {"mlp": 64, "cnn": 32, "transformer": 8}   # per rank
+TRAINED = ("mlp", "cnn", "transformer")
+TENSOR_COUNTS = {"tensors10": 10, "tensors100": 100, "tensors1000": 1000}
+MODELS = TRAINED + tuple(TENSOR_COUNTS)
+BATCH = {"mlp": 64, "cnn": 32, "transformer": 8, **{name: 1 for name in TENSOR_COUNTS}}
+TENSOR_ELEMENTS = 1 << 22
 VOCAB, WIDTH, DEPTH, HEADS, CONTEXT = 4096, 256, 12, 4, 64
 
 
@@ -30,6 +38,8 @@ def build(name: str) -> tuple[Any, tuple[Any, Any]]:
             torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 256), torch.nn.ReLU(),
             torch.nn.Linear(256, 10))
         return model, (torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,)))
+    if name in TENSOR_COUNTS:
+        return _tensors(TENSOR_COUNTS[name]), (torch.ones(1), None)
     tokens = torch.randint(0, VOCAB, (BATCH["transformer"], CONTEXT + 1))
     return _decoder(), (tokens[:, :-1], tokens[:, 1:])
 
@@ -38,6 +48,8 @@ def loss(name: str, model: Any, data: tuple[Any, Any]) -> Any:
     import torch
     x, y = data
     out = model(x)
+    if name in TENSOR_COUNTS:
+        return out
     if name == "transformer":
         return torch.nn.functional.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1))
     return torch.nn.functional.cross_entropy(out, y)
@@ -77,3 +89,20 @@ def _decoder() -> Any:
                 x = block(x)
             return self.head(self.norm(x))
     return Decoder()
+
+
+def _tensors(count: int) -> Any:
+    import torch
+    from torch import nn
+
+    class Tensors(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            per, extra = divmod(TENSOR_ELEMENTS, count)     # the first ``extra`` one longer
+            self.pieces = nn.ParameterList(nn.Parameter(torch.randn(per + (i < extra)))
+                                           for i in range(count))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sum((p * x).sum() for p in self.pieces)
+
+    return Tensors()

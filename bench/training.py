@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from bench import launches
 from bench.gloo import gloo_group
-from bench.models import BATCH, MODELS, build, loss
+from bench.models import BATCH, MODELS, TENSOR_COUNTS, TRAINED, build, loss
 from bench.threads import ThreadClock, peak_rss_mib
 from bench.timing import seconds_per_call
 from bench.world import bench_comm, under_torchrun
@@ -278,7 +278,12 @@ def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench training",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(TRAINED))
+    parser.add_argument("--tensors", action="store_true",
+                        help="the engine's CPU per step against the number of gradient "
+                             "tensors: the tensors10/100/1000 models (16 MiB of gradients "
+                             "each), hvdlite and the hand-fused loop unless --methods names "
+                             "others")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                         help="which methods to launch (default: all but the floors, "
                              "fused_handoff and fused_negotiated)")
@@ -298,6 +303,10 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--report-cost", action="store_true",
                         help="also run hvdlite with HVDLITE_REPORT set: what recording costs")
     args = parser.parse_args(argv)
+    if args.tensors:
+        args.models = list(TENSOR_COUNTS)
+        if "--methods" not in argv:
+            args.methods = ["hvdlite", "hand_fused"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
         report_dir = scratch if args.report_cost else None    # the reports are not kept
@@ -309,6 +318,8 @@ def main(argv: Sequence[str]) -> None:
                     np_, args.rounds,
                     "samples_per_s", progress=f"training {model}")))
     _print_table(rows, args.rounds, args.warmup_seconds, args.pin_malloc)
+    if any(model in TENSOR_COUNTS for model, _, _ in rows):
+        _print_tensors_table(rows)
 
 
 def _print_table(rows: list, rounds: int, warmup_s: float = 0.0,
@@ -358,3 +369,20 @@ def _print_table(rows: list, rounds: int, warmup_s: float = 0.0,
                          if m.startswith(("hand_", "fused_")) else "")
             print(f"{model:>11} {np_:>3} {m:>16}: {extra.get('peak_rss_mib', 0.0):7.0f} MiB  "
                   f"cpu {cpu}{allreduce}")
+
+
+def _print_tensors_table(rows: list) -> None:
+    """The engine's CPU per step against the number of tensors and the world size, beside
+    the hand-fused loop's own Allreduce of the same bytes in one piece."""
+    print("\nEngine CPU per step against the number of gradient tensors (4 Mi float32 in "
+          "all, split evenly), ms (mean over ranks, median over rounds), beside the "
+          "hand-fused loop's Allreduce of the same bytes in one buffer:")
+    print(f"{'np':>3} {'tensors':>8} {'engine':>8} {'Allreduce':>10} {'engine/Allreduce':>17}")
+    for model, np_, samples in rows:
+        if model not in TENSOR_COUNTS or "hvdlite" not in samples:
+            continue
+        engine = 1000 * samples["hvdlite"].extra.get("cpu_engine", 0.0)
+        fused = (1000 * samples["hand_fused"].extra.get("cpu_allreduce", 0.0)
+                 if "hand_fused" in samples else 0.0)
+        ratio = f"{engine / fused:16.2f}x" if fused > 0 else f"{'-':>17}"
+        print(f"{np_:>3} {TENSOR_COUNTS[model]:>8} {engine:8.2f} {fused:10.2f} {ratio}")

@@ -153,3 +153,34 @@ def test_every_rank_ends_its_warm_up_when_rank_0_says(monkeypatch: pytest.Monkey
     step, seen = _clocked(monkeypatch, measured)
     measured.warm_up(step, since=-100.0)
     assert measured.warmup_steps == 2 and seen == [0, 0]
+
+
+def test_tensors_runs_the_split_models_with_hvdlite_and_the_fused_loop(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``--tensors``: the same 16 MiB of gradients in 10, 100 and 1,000 tensors, and a table
+    of the engine's CPU per step beside the hand-fused loop's Allreduce."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def interleaved(methods: list, np_: int, rounds: int, metric: str, progress: str) -> Any:
+        model = methods[0].args[methods[0].args.index("--model") + 1]
+        seen.append((model, [m.label for m in methods]))
+        cpu = {"hvdlite": {"cpu_engine": [0.012]}, "hand_fused": {"cpu_allreduce": [0.008]}}
+        return {m.label: launches.Samples([1.0], cpu[m.label], {}) for m in methods}
+
+    monkeypatch.setattr(training.launches, "interleaved", interleaved)
+    training.main(["--np", "2", "--tensors"])
+    assert seen == [(name, ["hvdlite", "hand_fused"])
+                    for name in ("tensors10", "tensors100", "tensors1000")]
+    table = capsys.readouterr().out.split("Engine CPU per step")[1]
+    assert "  2     1000    12.00       8.00             1.50x" in table
+
+
+def test_the_split_models_hold_the_same_parameters_in_that_many_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    from bench import models
+    for name, count in models.TENSOR_COUNTS.items():
+        model, data = models.build(name)
+        params = list(model.parameters())
+        assert len(params) == count and sum(p.numel() for p in params) == models.TENSOR_ELEMENTS
+        models.loss(name, model, data).backward()
+        assert all(torch.equal(p.grad, torch.ones_like(p)) for p in params)
