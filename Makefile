@@ -80,7 +80,7 @@ test-slurm: install install-ompi
 OVERLAP_TESTS := tests/mpi/test_unnamed_ops.py tests/mpi/test_process_set_registry.py
 # Properties only a size that is not a power of two shows (Average's exact division):
 # also run at -n 3 (the size-specific tests skip at 2 and 4 and say why).
-NP3_TESTS := tests/mpi/test_scaling.py
+NP3_TESTS := tests/mpi/test_scaling.py tests/mpi/test_local_sgd.py
 # join() and deadlocks: unnamed calls that a rank in join() skips pair up wrongly from three
 # ranks on, and a set of two that holds the joined rank exists only then.
 JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
@@ -91,7 +91,8 @@ JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
 KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_elastic.py \
 	tests/mpi/test_keras_momentum.py tests/mpi/test_keras_callbacks.py tests/mpi/test_keras_buckets.py \
 	tests/mpi/test_deadlock_keras.py tests/mpi/test_keras_values.py \
-	tests/mpi/test_keras_mixed_precision.py tests/mpi/test_keras_frozen.py
+	tests/mpi/test_keras_mixed_precision.py tests/mpi/test_keras_frozen.py \
+	tests/mpi/test_keras_local_sgd.py
 
 # These Keras files at -n 2 only: at -n 4 four ranks each trace TensorFlow's graphs on two
 # cores, and these files alone took 126 s of the -n 4 run's 439 s in a clean clone here
@@ -154,7 +155,8 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_bad_inputs.py test_one_rank_errors.py test_unnamed_ops.py test_init_process_sets.py \
 	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
 	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
-	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py)
+	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py \
+	test_local_sgd.py)
 # At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
 # join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
 # stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).

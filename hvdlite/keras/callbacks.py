@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 import hvdlite as _hvd
-from hvdlite.keras.variables import broadcast_variables
+from hvdlite.keras.variables import average_variables, broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -115,6 +115,33 @@ class MetricAverageCallback(keras.callbacks.Callback):
         averaged = _hvd.allreduce(values, name=f"MetricAverageCallback.{epoch}",
                                   op=_hvd.Average)
         logs.update({k: float(v) for k, v in zip(keys, averaged)})
+
+
+class PeriodicModelAverageCallback(keras.callbacks.Callback):
+    """Local SGD for ``model.fit`` (beyond Horovod): compile with the plain optimizer,
+    not ``DistributedOptimizer``, and each rank trains on its own batches; the model's
+    trainable weights are averaged across ranks after every batch of the first
+    ``warmup_steps``, then after every ``period``-th batch (the first of them included),
+    the steps torch's ``PeriodicModelAverager`` averages on. Averaging the weights after
+    every batch is synchronous SGD for SGD with or without momentum, whose updates are
+    linear in the gradients; an optimizer's own statistics (Adam's moments) stay each
+    rank's, in the warm-up as after it. ``step`` counts the batches, across epochs."""
+
+    def __init__(self, period: int, warmup_steps: int = 0,
+                 process_set: Optional[Any] = None) -> None:
+        super().__init__()
+        for name, value, least in (("period", period, 1), ("warmup_steps", warmup_steps, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise _hvd.UsageError(f"PeriodicModelAverageCallback: {name} must be an int "
+                                      f"of at least {least}, not {value!r}")
+        self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
+        self.step = 0
+        self._checked: list = []     # the variables the ranks last agreed on
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        step, self.step = self.step, self.step + 1
+        if step < self.warmup_steps or (step - self.warmup_steps) % self.period == 0:
+            average_variables(self.model.trainable_variables, self.process_set, self._checked)
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):

@@ -1,4 +1,5 @@
-"""Broadcasting Keras variables from a root rank, on either backend."""
+"""Broadcasting Keras variables from a root rank, and averaging them across ranks, on
+either backend."""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -36,6 +37,25 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         _hvd.synchronize(handle)
         variable.assign(array)
     return None
+
+
+def average_variables(variables: Sequence[Any], process_set: Optional[ProcessSet] = None,
+                      checked: Optional[list] = None) -> None:
+    """Replace every rank's variables by their mean across the ranks, in one grouped
+    allreduce, eagerly. The ranks must pass the same variables: checked first, unless
+    they are those of ``checked`` (a list this call fills with what it checked)."""
+    variables = list(variables)
+    specs = _specs(variables)
+    if checked is None or checked != specs:
+        check_same_variables(specs, "average_variables", process_set)
+        if checked is not None:
+            checked[:] = specs
+    arrays = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    if arrays:
+        _hvd.grouped_allreduce_(arrays, op=_hvd.Average, name="average_variables",
+                                process_set=process_set)
+    for variable, array in zip(variables, arrays):
+        variable.assign(array)
 
 
 def broadcast_global_variables(root_rank: int) -> None:

@@ -286,7 +286,9 @@ _WHOLE_OP_SET = _reasons("every binding has the factory's whole op set (OP_NAMES
 
 # hvdlite's names the Horovod module does not have (a name Horovod has is ignored here).
 ADDED: dict[str, dict[str, str]] = {
-    "hvdlite.torch": _RUNTIME_ADDED,
+    "hvdlite.torch": {**_RUNTIME_ADDED,
+                      "PeriodicModelAverager": "local SGD, as torch names it (beyond Horovod)",
+                      "PostLocalSGDOptimizer": "local SGD, as torch names it (beyond Horovod)"},
     "hvdlite.torch.mpi_ops": _RUNTIME_ADDED,
     "hvdlite.tensorflow": {**_WHOLE_OP_SET, **_RUNTIME_ADDED,
                            "XlaCompileError": "raised when a collective is traced into XLA"},
@@ -294,7 +296,8 @@ ADDED: dict[str, dict[str, str]] = {
                                    "Compression": "the runtime's, as in every binding"},
     "hvdlite.keras": {**_WHOLE_OP_SET, **_WHOLE_RUNTIME, **_RUNTIME_ADDED,
                       "broadcast_variables": "the TensorFlow binding's, on Keras variables"},
-    "hvdlite.keras.callbacks": {},
+    "hvdlite.keras.callbacks": {
+        "PeriodicModelAverageCallback": "local SGD in model.fit (beyond Horovod)"},
 }
 
 
