@@ -182,14 +182,15 @@ test-gloo: install-gloo
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# The pictures of the performance and forecast guides, drawn by the commands those pages
-# show; run on a quiet machine (the report measures time), then commit them.
+# The pictures of the performance, forecast and PyTorch guides, drawn by the commands those
+# pages show; run on a quiet machine (the report measures time), then commit them.
 docs-images: install
 	$(MPIEXEC) -n 4 $(PY) examples/report_demo.py --report docs/images/report \
 	    --slow-rank 3 --delay-ms 100 --steps 60
 	rm -f docs/images/report/report.json
 	$(PY) -m hvdlite.forecast --compute-ms 450 --params 23.8e6 --tensors 190 \
 	    --network 25GbE --network IB-HDR --batch-size 64 --plot docs/images/forecast.png
+	$(PY) -m bench local-sgd --np 4 --plot docs/images/local_sgd.png
 
 # The built site in a headless Chromium (Debian's chromium): every page loads without a
 # console error, the search finds DistributedOptimizer, its API entry lists its parameters.

@@ -1,5 +1,5 @@
 """Entry point, from the repository root: ``python -m bench
-{allreduce|training|traffic|forecast-check|keras|gpu} [options]`` (README.md says what each
+{allreduce|training|traffic|forecast-check|keras|gpu|local-sgd} [options]`` (README.md says what each
 measures). The scaling forecast itself is the library's: ``python -m hvdlite.forecast``."""
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def _traffic(argv: Sequence[str]) -> None:
     traffic.main(argv)
 
 
+def _local_sgd(argv: Sequence[str]) -> None:
+    from bench import local_sgd
+    local_sgd.main(argv)
+
+
 def _forecast_check(argv: Sequence[str]) -> None:
     from bench import forecast_check
     forecast_check.main(argv)
@@ -55,7 +60,7 @@ COMMANDS = {"allreduce": _allreduce, "allreduce-worker": _allreduce_worker,
             "training": training.main,
             "training-worker": training.worker, "traffic": _traffic,
             "forecast-check": _forecast_check, "keras": _keras,
-            "keras-worker": _keras_worker, "gpu": _gpu}
+            "keras-worker": _keras_worker, "gpu": _gpu, "local-sgd": _local_sgd}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -41,16 +41,18 @@ from bench.timing import seconds_per_call
 from bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
-           "fused_handoff", "fused_negotiated", "no_comm")
-# The floors (bench/floor.py) run when asked for by name.
-DEFAULT_METHODS = tuple(m for m in METHODS if not m.startswith("fused_"))
+           "fused_handoff", "fused_negotiated", "local_sgd", "no_comm")
+# The floors (bench/floor.py) and local SGD run when asked for by name.
+DEFAULT_METHODS = tuple(m for m in METHODS if not m.startswith(("fused_", "local_")))
+LOCAL_SGD_PERIOD = 8
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
 # instead of MPI. hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
 # timed after its search. no_comm: the same loop with no gradient exchange at all (each
 # rank trains alone): the ceiling that no method can pass here. fused_handoff and
 # fused_negotiated: the hand-fused loop with its Allreduce handed to a helper thread, and
 # also agreed first in one negotiation round: the floor of any engine that turns a mismatch
-# into an error instead of a hang.
+# into an error instead of a hang. local_sgd: hvdlite's PostLocalSGDOptimizer, the models
+# averaged every LOCAL_SGD_PERIOD steps instead of the gradients every step.
 # Ratios printed where both methods ran: (label, numerator, denominator).
 RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
           ("autotune/defaults", "autotune", "hvdlite"), ("defaults/DDP", "hvdlite", "ddp_gloo"),
@@ -58,9 +60,12 @@ RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autot
           ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"),
           ("negotiated/fused", "fused_negotiated", "hand_fused"),
           ("defaults/negotiated", "hvdlite", "fused_negotiated"),
+          ("local-sgd/no-comm", "local_sgd", "no_comm"),
+          ("local-sgd/defaults", "local_sgd", "hvdlite"),
           ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
           ("gloo-transport/DDP", "hvdlite_gloo", "ddp_gloo"))
-WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "no_comm")
+WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd",
+           "no_comm")
 WARMUP = 5
 
 
@@ -194,6 +199,19 @@ def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
         return measured.timed(_loop(name, ddp, optimizer, data), seconds)
 
 
+def _run_local_sgd(name: str, measured: Measured, seconds: float) -> float:
+    import torch
+    import hvdlite.torch as hvd
+    hvd.init()
+    try:
+        model, data = build(name)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        optimizer = hvd.PostLocalSGDOptimizer(sgd, hvd.PeriodicModelAverager(LOCAL_SGD_PERIOD))
+        return measured.timed(_loop(name, model, optimizer, data), seconds)
+    finally:
+        hvd.shutdown()
+
+
 def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
     import torch
     import hvdlite.torch as hvd
@@ -234,7 +252,7 @@ def worker(argv: Sequence[str]) -> None:
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
                "fused_handoff": functools.partial(_run_hand_fused, floor="handoff"),
                "fused_negotiated": functools.partial(_run_hand_fused, floor="negotiated"),
-               "no_comm": _run_no_comm}
+               "local_sgd": _run_local_sgd, "no_comm": _run_no_comm}
     measured = Measured(comm, args.warmup_seconds)
     rate = runners[args.method](args.model, measured, args.seconds)
     result = measured.result(rate * BATCH[args.model] * comm.Get_size())
@@ -267,6 +285,7 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
              "hand_fused": method("hand_fused", "hand_fused"),
              "fused_handoff": method("fused_handoff", "fused_handoff"),
              "fused_negotiated": method("fused_negotiated", "fused_negotiated"),
+             "local_sgd": method("local_sgd", "local_sgd"),
              "no_comm": method("no_comm", "no_comm")}
     methods = [every[name] for name in METHODS if name in chosen]
     if report_dir is not None:

@@ -2,14 +2,18 @@
 set (8x8 images, no download) with hvdlite.torch.
 
     mpiexec -n 2 python examples/pytorch_digits.py
+    mpiexec -n 2 python examples/pytorch_digits.py --local-sgd 4
 
 A Horovod script ported by changing one import line: init, shard the data by
 rank, scale the learning rate by the number of ranks, broadcast the initial
 state from rank 0, wrap the optimizer, and average metrics across ranks.
+``--local-sgd PERIOD`` trains with local SGD instead (hvdlite beyond Horovod): each
+rank steps on its own gradients and the models are averaged every PERIOD steps.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -69,6 +73,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--local-sgd", type=int, default=0, metavar="PERIOD",
+                        help="average the models every PERIOD steps instead of the "
+                             "gradients every step (0: DistributedOptimizer)")
+    parser.add_argument("--losses", metavar="FILE",
+                        help="rank 0 writes every step's loss, averaged over ranks, as JSON")
     args = parser.parse_args()
 
     hvd.init()
@@ -83,7 +92,12 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if args.local_sgd:
+        optimizer = hvd.PostLocalSGDOptimizer(optimizer, hvd.PeriodicModelAverager(args.local_sgd))
+    else:
+        optimizer = hvd.DistributedOptimizer(optimizer,
+                                             named_parameters=model.named_parameters())
+    losses = []
 
     start = time.perf_counter()
     for epoch in range(args.epochs):
@@ -99,12 +113,17 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
+            if args.losses:
+                losses.append(average(loss.item(), "step_loss"))
             bar.set_postfix(loss=f"{loss.item():.3f}")
         train_loss = average(total / batches, "train_loss")
         accuracy = evaluate(model, test_set)
         if hvd.rank() == 0:
             print(f"epoch {epoch + 1:2d}  train loss {train_loss:.4f}  test accuracy "
                   f"{accuracy:.4f}", flush=True)
+    if args.losses and hvd.rank() == 0:
+        with open(args.losses, "w") as out:
+            json.dump(losses, out)
     if hvd.rank() == 0:
         print(f"{hvd.size()} ranks, {args.epochs} epochs in {time.perf_counter() - start:.1f} s: "
               f"test accuracy {accuracy:.4f}", flush=True)
