@@ -71,7 +71,7 @@ def start(comm: Any = None, process_sets: "RequestedSets" = ()) -> bool:
         config = Config.load()
         _configure_logging(config, world.world_rank())
         transport = world.open_world(comm, shared_memory=config.shared_memory)
-        abort_on_error.use_transport(transport.name, transport.abort)
+        abort_on_error.use_transport(transport.lost_rank_wait, transport.abort)
         engine = Engine(config, transport, process_sets)
         topology = engine.start()
         # The engine's settings: the loaded ones with the topology-aware defaults applied.
@@ -209,7 +209,7 @@ def _gpus_present() -> Optional[int]:
 
 def mpi_threads_supported() -> bool:
     topology("hvdlite.mpi_threads_supported()")
-    return transport_name() == "mpi" and choice.world_module().threads_multiple()
+    return choice.world_module().threads_multiple()
 
 
 def config() -> Config:

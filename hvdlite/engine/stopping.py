@@ -79,9 +79,8 @@ class Stoppable:
                 _log.warning("hvdlite engine did not stop within %.0f s: another rank is "
                              "not taking part in negotiation", timeout)
                 # Stuck inside MPI: MPI_Finalize at exit would be stuck the same way.
-                label = abort_on_error.transport_label(self.transport.name)
                 abort_on_error.mark_broken(self.topology.rank, self.topology.size,
-                                           f"the hvdlite engine is stuck inside {label}")
+                                           f"the hvdlite engine is stuck inside {self.transport.label}")
         if self.timeline is not None:
             self.timeline.close()
             self.timeline = None

@@ -45,32 +45,17 @@ _who: Optional[tuple[int, int]] = None      # (rank, size), for messages
 _exit_status: Optional[int] = None          # set as the interpreter ends via sys.exit(n)
 _broken: Optional[str] = None               # why the world is broken, once it is
 _BASE_CODE = SystemExit.code                # the C-level attribute behind SystemExit.code
-_transport = "mpi"                          # the world's transport, for what messages name
+# Why a job that lost a rank must not end normally: what would wait for the lost rank on
+# the world's transport, as init() says (use_transport).
+_lost_rank_wait = "the transport would wait for the lost rank at the end"
 
-# Why a job that lost a peer must not end normally, per transport: each message says
-# what would wait (MPI_Finalize; torch.distributed's Gloo, at the engine's shutdown).
-_WAITS = {"mpi": "MPI_Finalize would wait for the lost rank forever"}
-
-
-def use_transport(name: str, abort: Callable[[int], None]) -> None:
-    """The world's transport ("mpi", "gloo") and how it ends the whole job (MPI_Abort on
-    COMM_WORLD; under torchrun, this process's exit, after which the agent stops the
-    others), set by init() before anything can fail, so the failure messages name what
-    is in use and an abort reaches every rank."""
-    global _transport, _abort_world
-    _transport, _abort_world = name, abort
-
-
-def transport_label(name: Optional[str] = None) -> str:
-    """How messages name a transport: "MPI", or "torch.distributed (gloo)"."""
-    name = _transport if name is None else name
-    return "MPI" if name == "mpi" else f"torch.distributed ({name})"
-
-
-def _why_abort() -> str:
-    return _WAITS.get(_transport, f"{transport_label()} would wait for the lost rank at "
-                                  "shutdown, and a job that lost a rank must not end with "
-                                  "status 0")
+def use_transport(lost_rank_wait: str, abort: Callable[[int], None]) -> None:
+    """What would wait for a lost rank on the world's transport ("MPI_Finalize would wait
+    ...") and how it ends the whole job (MPI_Abort on COMM_WORLD; under torchrun, this
+    process's exit, after which the agent stops the others): the transport's own
+    ``lost_rank_wait`` and ``abort``, set by init() before anything can fail."""
+    global _lost_rank_wait, _abort_world
+    _lost_rank_wait, _abort_world = lost_rank_wait, abort
 
 
 def _end_this_process(status: int) -> None:
@@ -214,6 +199,6 @@ def abort_if_broken() -> None:
     if _broken is not None:
         status = _exit_status or PEER_LOST_STATUS
         emit(f"{_identify()}: exiting after losing a peer; aborting the job with status "
-             f"{status}, since {_why_abort()}. The "
+             f"{status}, since {_lost_rank_wait}. The "
              f"loss: {_broken}\n", BROKEN_EXIT_GRACE_S)
         abort_now(status)

@@ -116,6 +116,8 @@ class LivenessChannel(Protocol):
 class Transport(Protocol):
     name: str
     kind: TransportKind
+    label: str             # how messages name it: "MPI", "torch.distributed (gloo)"
+    lost_rank_wait: str    # what would wait for a lost rank at the end (why the job aborts)
     rank: int
     size: int
     failures: tuple[type[BaseException], ...]

@@ -101,8 +101,9 @@ class Channel:
 class MpiTransport:
     """The Transport protocol on one mpi4py communicator (``comm``), which the host
     backends are opened on as well."""
-    name = "mpi"
+    name, label = "mpi", "MPI"
     kind = TransportKind.MPI
+    lost_rank_wait = "MPI_Finalize would wait for the lost rank forever"
     failures: tuple[type[BaseException], ...] = (MPI.Exception,)
     # An idle round is a few microseconds of MPI_Iallreduce on each rank.
     idle_tick_s = 0.1

@@ -39,8 +39,10 @@ _GLOO_WIDER = {np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint16): np.d
                np.dtype(np.uint32): np.dtype(np.int64)}
 _SIGN64 = np.int64(-2**63)
 class TorchTransport:
-    name = "gloo"
+    name, label = "gloo", "torch.distributed (gloo)"
     kind = TransportKind.TORCH
+    lost_rank_wait = ("torch.distributed (gloo) would wait for the lost rank at shutdown, and "
+                      "a job that lost a rank must not end with status 0")
     failures: tuple[type[BaseException], ...] = (RuntimeError,)   # torch's DistBackendError too
     # An idle round here costs each rank about a millisecond of CPU on Gloo's threads
     # (microseconds over MPI); at 0.1 s, the transformer's 0.45 s steps paid for some

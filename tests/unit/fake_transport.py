@@ -132,7 +132,8 @@ class FakeChannel:
 
 
 class ThreadTransport:
-    name = "threads"
+    name = label = "threads"
+    lost_rank_wait = "the threads would wait for the lost rank"
     failures: tuple[type[BaseException], ...] = (FakeTransportError,)
     idle_tick_s = 0.1
 

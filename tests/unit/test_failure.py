@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from hvdlite.failure import abort_on_error
+from hvdlite.transport.mpi_transport import MpiTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ends]:
         ("sleep", s))))  # type: ignore[arg-type]
     monkeypatch.setattr(abort_on_error, "socket", SimpleNamespace(gethostname=lambda: "node7"))
     for name, value in (("_installed", False), ("_who", None), ("_exit_status", None),
-                        ("_broken", None), ("_transport", "mpi")):
+                        ("_broken", None), ("_lost_rank_wait", MpiTransport.lost_rank_wait)):
         monkeypatch.setattr(abort_on_error, name, value)
     yield fake
 
@@ -268,15 +269,16 @@ def test_a_lost_peer_makes_the_exit_abort_once_with_the_first_reason(
 def test_under_another_transport_the_abort_names_it_not_mpi(
         ends: Ends, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(abort_on_error, "atexit", SimpleNamespace(register=lambda f: None))
-    abort_on_error.use_transport("gloo", lambda status: ends.calls.append(("gloo", status)))
+    torch_transport = pytest.importorskip("hvdlite.transport.torch_transport")
+    gloo = torch_transport.TorchTransport
+    abort_on_error.use_transport(gloo.lost_rank_wait,
+                                 lambda status: ends.calls.append(("gloo", status)))
     abort_on_error.mark_broken(1, 4, "rank 3 exited")
     with pytest.raises(Aborted):
         abort_on_error.abort_if_broken()
     err = capfd.readouterr().err
     assert "MPI" not in err and "torch.distributed (gloo) would wait for the lost rank" in err
     assert ("gloo", 1) in ends.calls          # the transport's own way to end the job
-    assert abort_on_error.transport_label() == "torch.distributed (gloo)"
-    assert abort_on_error.transport_label("mpi") == "MPI"
 
 
 def test_a_loss_found_here_is_said_in_one_line_at_once(
