@@ -341,6 +341,13 @@ def check_scale(value: float, label: str) -> float:
     return value
 
 
+def check_count(value: Any, label: str, least: int) -> int:
+    """A whole number of steps or batches: an int (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UsageError(f"{label} must be an int of at least {least}, not {value!r}")
+    return value
+
+
 def check_root(root_rank: int, call: Call) -> int:
     """The root's rank within the call's set. ``root_rank`` is a global rank, as in
     Horovod, also for a process set: it must be one of the set's members."""

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 import hvdlite as _hvd
+from hvdlite.api.submission import check_count
 from hvdlite.keras.variables import average_variables, broadcast_variables
 
 
@@ -130,11 +131,10 @@ class PeriodicModelAverageCallback(keras.callbacks.Callback):
     def __init__(self, period: int, warmup_steps: int = 0,
                  process_set: Optional[Any] = None) -> None:
         super().__init__()
-        for name, value, least in (("period", period, 1), ("warmup_steps", warmup_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise _hvd.UsageError(f"PeriodicModelAverageCallback: {name} must be an int "
-                                      f"of at least {least}, not {value!r}")
-        self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
+        self.period = check_count(period, "PeriodicModelAverageCallback: period", 1)
+        self.warmup_steps = check_count(warmup_steps,
+                                        "PeriodicModelAverageCallback: warmup_steps", 0)
+        self.process_set = process_set
         self.step = 0
         self._checked: list = []     # the variables the ranks last agreed on
 

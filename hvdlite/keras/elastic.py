@@ -25,6 +25,7 @@ import keras
 
 import hvdlite as _hvd
 from hvdlite.api.runtime import rank
+from hvdlite.api.submission import check_count
 from hvdlite.elastic import (HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State,
                              run_fn)
 from hvdlite.elastic.model_state import ModelState
@@ -70,12 +71,9 @@ class CommitStateCallback(keras.callbacks.Callback):
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
         _require(state, "commit", "CommitStateCallback")
-        if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) \
-                or batches_per_commit < 1:
-            raise UsageError(f"CommitStateCallback: batches_per_commit must be an integer >= 1, "
-                             f"not {batches_per_commit!r}")
         self.state = state
-        self.batches_per_commit = batches_per_commit
+        self.batches_per_commit = check_count(batches_per_commit,
+                                              "CommitStateCallback: batches_per_commit", 1)
         self.batches_remaining = batches_per_commit
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:

@@ -23,14 +23,9 @@ from typing import Any, Iterable, Optional
 import torch
 
 from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.api.submission import check_count
 from hvdlite.errors import UsageError
 from hvdlite.torch.mpi_ops import Average, Max, allreduce, grouped_allreduce_
-
-
-def _count(value: Any, what: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise UsageError(f"{what} must be an int of at least {least}, not {value!r}")
-    return value
 
 
 def _tensors(params: Iterable[Any]) -> list[torch.Tensor]:
@@ -65,8 +60,8 @@ class PeriodicModelAverager:
 
     def __init__(self, period: int, warmup_steps: int = 0,
                  process_set: ProcessSet = global_process_set) -> None:
-        self.period = _count(period, "period", 1)
-        self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
+        self.period = check_count(period, "period", 1)
+        self.warmup_steps = check_count(warmup_steps, "warmup_steps", 0)
         self.process_set = process_set
         self.step = 0
 
@@ -133,7 +128,7 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
         if "step" not in state_dict:
             raise UsageError("this state dict has no 'step': it was not saved by a "
                              "PostLocalSGDOptimizer, whose averager's count it restores")
-        self.averager.step = _count(state_dict.pop("step"), "the state dict's step", 0)
+        self.averager.step = check_count(state_dict.pop("step"), "the state dict's step", 0)
         self.optim.load_state_dict(state_dict)
         self.param_groups, self.state = self.optim.param_groups, self.optim.state
 
