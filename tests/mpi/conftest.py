@@ -82,12 +82,17 @@ def rank_data(rank: int, shape: tuple[int, ...], dtype: np.dtype, salt: int = 0)
     return values.astype(dtype)
 
 
-def assert_identical_everywhere(arrays: list) -> None:
-    """Every rank holds bitwise the same arrays (a digest compared across ranks)."""
+def digests(arrays: list) -> list[str]:
+    """Every rank's digest of its ``arrays``' bytes, in rank order."""
     import hashlib
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays))
-    digests = hvd.allgather_object(digest.hexdigest())
-    assert len(set(digests)) == 1, f"parameters differ across ranks: {digests}"
+    return hvd.allgather_object(digest.hexdigest())
+
+
+def assert_identical_everywhere(arrays: list) -> None:
+    """Every rank holds bitwise the same arrays (a digest compared across ranks)."""
+    every = digests(arrays)
+    assert len(set(every)) == 1, f"parameters differ across ranks: {every}"
 
 
 def keras_optimizers(keras: object) -> dict:

@@ -5,7 +5,6 @@ in one process (float64, within 1e-10: only the order of summation differs); wit
 step every rank holds bitwise the same parameters."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable
 
 import pytest
@@ -14,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
 from hvdlite.torch.local_sgd import PeriodicModelAverager, PostLocalSGDOptimizer  # noqa: E402
+from tests.mpi.conftest import digests  # noqa: E402
 
 PER_RANK = 4
 TOLERANCE = 1e-10
@@ -83,8 +83,7 @@ def _trained(name: str, period: int, warmup: int, steps: int) -> "torch.nn.Modul
 
 
 def _digests(model: "torch.nn.Module") -> list[str]:
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-    return hvd.allgather_object(digest.hexdigest())
+    return digests([p.detach().numpy() for p in model.parameters()])
 
 
 def _close(model: "torch.nn.Module", expected: list["torch.Tensor"]) -> None:
