@@ -143,13 +143,11 @@ def _exit(status: object = None, /) -> NoReturn:
     raise _TrackedExit(status)
 
 
-def install(rank: int, size: int, abort: Optional[Callable[[int], None]] = None) -> None:
-    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit; ``abort``,
-    if given, ends the job from then on instead of the transport's (use_transport)."""
-    global _installed, _who, _abort_world
+def install(rank: int, size: int) -> None:
+    """Idempotent: replace sys.excepthook, threading.excepthook and sys.exit; an abort
+    then ends the job the transport's way (use_transport)."""
+    global _installed, _who
     _who = (rank, size)
-    if abort is not None:
-        _abort_world = abort
     if _installed or size == 1:
         return
     _installed = True

@@ -188,12 +188,15 @@ def test_install_replaces_the_hooks_once_and_not_for_one_rank(ends: Ends, hooks:
     assert (sys.excepthook, threading.excepthook) == installed and abort_on_error._who == (2, 3)
 
 
-def test_install_takes_the_transports_abort_for_every_later_abort(ends: Ends, hooks: list) -> None:
-    """A transport other than MPI ends the job its own way; without one, MPI_Abort."""
+def test_every_abort_after_use_transport_ends_the_job_the_transports_way(ends: Ends,
+                                                                          hooks: list) -> None:
+    """Each transport ends the job its own way: the one init() hands over is used."""
     with pytest.raises(Aborted):
         abort_on_error.abort_now(2)
     ends.calls.clear()
-    abort_on_error.install(1, 3, abort=lambda status: ends.calls.append(("transport", status)))
+    abort_on_error.use_transport("the transport would wait",
+                                 lambda status: ends.calls.append(("transport", status)))
+    abort_on_error.install(1, 3)
     with pytest.raises(Aborted):
         abort_on_error.abort_now(4)
     assert ends.calls == [("transport", 4), ("_exit", 4)]
