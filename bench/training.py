@@ -40,13 +40,15 @@ from bench.threads import ThreadClock, peak_rss_mib
 from bench.timing import seconds_per_call
 from bench.world import bench_comm, under_torchrun
 
-METHODS = ("hvdlite", "hvdlite_gloo", "autotune", "hvdlite_per_grad", "ddp_gloo", "hand_fused",
-           "fused_handoff", "fused_negotiated", "local_sgd", "no_comm")
-# The floors (bench/floor.py) and local SGD run when asked for by name.
-DEFAULT_METHODS = tuple(m for m in METHODS if not m.startswith(("fused_", "local_")))
+METHODS = ("hvdlite", "hvdlite_negotiated", "hvdlite_gloo", "autotune", "hvdlite_per_grad",
+           "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd", "no_comm")
+# The floors (bench/floor.py), local SGD and the lane off run when asked for by name.
+DEFAULT_METHODS = tuple(m for m in METHODS
+                        if not m.startswith(("fused_", "local_", "hvdlite_negotiated")))
 LOCAL_SGD_PERIOD = 8
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
-# instead of MPI. hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
+# instead of MPI. hvdlite_negotiated: hvdlite with HVDLITE_LANE=0 (every bucket agreed in a
+# negotiation round, as before the lane). hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
 # timed after its search. no_comm: the same loop with no gradient exchange at all (each
 # rank trains alone): the ceiling that no method can pass here. fused_handoff and
 # fused_negotiated: the hand-fused loop with its Allreduce handed to a helper thread, and
@@ -60,6 +62,8 @@ RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autot
           ("per-grad/DDP", "hvdlite_per_grad", "ddp_gloo"), ("DDP/no-comm", "ddp_gloo", "no_comm"),
           ("negotiated/fused", "fused_negotiated", "hand_fused"),
           ("defaults/negotiated", "hvdlite", "fused_negotiated"),
+          ("lane/lane-off", "hvdlite", "hvdlite_negotiated"),
+          ("lane-off/fused", "hvdlite_negotiated", "hand_fused"),
           ("local-sgd/no-comm", "local_sgd", "no_comm"),
           ("local-sgd/defaults", "local_sgd", "hvdlite"),
           ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
@@ -277,6 +281,8 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
                                        "--warmup-seconds", str(warmup_s)),
                                env + (PINNED_MALLOC if pin_malloc else ()), launcher)
     every = {"hvdlite": method("hvdlite", "hvdlite"),
+             "hvdlite_negotiated": method("hvdlite_negotiated", "hvdlite",
+                                          (("HVDLITE_LANE", "0"),)),
              "hvdlite_gloo": method("hvdlite_gloo", "hvdlite", launcher="torchrun"),
              "autotune": method("autotune", "hvdlite", (("HVDLITE_AUTOTUNE", "1"),)),
              "hvdlite_per_grad": method("hvdlite_per_grad", "hvdlite",

@@ -130,6 +130,13 @@ class Config:
         "off: every gradient then goes through the engine, the buckets and the "
         "backend (NCCL on a GPU) exactly as on several ranks, so one GPU can test the "
         "multi-GPU path (make gpu-check and the GPU bucket tests use it).")
+    lane: bool = knob(
+        True, parse_bool, SAME,
+        "Gradient buckets of an agreed layout (DistributedOptimizer, the gradient tapes; "
+        "float32 and float64 on the CPU) are reduced on a lane of their own, with no "
+        "negotiation round per step: each bucket carries check words that make ranks "
+        "out of step a MismatchError on every rank. 0 negotiates every bucket as any "
+        "other request.")
     ring_threshold: int = knob(
         2 << 20, parse_bytes, SAME,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

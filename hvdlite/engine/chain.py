@@ -40,6 +40,7 @@ class BackendChain:
     def __init__(self, config: Any) -> None:
         self._made: dict[str, Any] = {}        # name -> backend, each made once
         self._transports: dict[int, Transport] = {}   # open sets, for backends that arrive later
+        self._also_counted: list[Any] = []
         self.configure(config)
 
     def configure(self, config: Any) -> None:
@@ -137,7 +138,11 @@ class BackendChain:
         return [self._made[e.name] for e in registry.entries() if e.name in self._made]
 
     def _counting(self) -> list[Any]:
-        return [b for b in self.every_backend() if hasattr(b, "traffic")]
+        return [b for b in self.every_backend() if hasattr(b, "traffic")] + self._also_counted
+
+    def also_counting(self, counted: Any) -> None:
+        """Count ``counted.traffic`` under ``counted.name`` with the backends' (the lanes)."""
+        self._also_counted.append(counted)
 
     def traffic(self) -> dict[str, Any]:
         """Bytes each backend moved for this rank (see backends.base.Traffic; the GPU

@@ -26,10 +26,13 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from hvdlite.backends import registry as backends_registry
 from hvdlite.config import sources as config_sources
 from hvdlite.engine.executor import Executor
 from hvdlite.engine.handles import HandleTable
+from hvdlite.engine.lanes import Lanes, OnLanes
 from hvdlite.engine.stopping import Stoppable
 from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, ShutdownError,
                             StallError, error_class)
@@ -48,10 +51,11 @@ from hvdlite.transport import waits
 from hvdlite.transport.base import Transport
 from hvdlite.transport.topology import Topology, detect
 
-_CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE})
+_CONTROL = frozenset({Kind.ADD_PROCESS_SET, Kind.REMOVE_PROCESS_SET, Kind.RECONFIGURE,
+                      Kind.OPEN_LANE})
 
 
-class Engine(Stoppable):
+class Engine(Stoppable, OnLanes):
     def __init__(self, config: Any, transport: Transport, process_sets: RequestedSets = ()) -> None:
         self.config = config
         self._initial_sets = process_sets      # registered at setup, once every rank agrees
@@ -82,6 +86,8 @@ class Engine(Stoppable):
         # HVDLITE_REPORT: time this rank's requests wait for agreement (engine thread).
         self.peer_wait = PeerWaitClock() if config.report else None
         self.executor = Executor(config, self.complete, lambda: self.timeline)
+        self.lanes = Lanes(self.handles.complete, self.handles.fail, self.executor.reductions.add)
+        self.executor.chain.also_counting(self.lanes)
         self.registry = ProcessSetRegistry(config.cache_capacity, self._open_set,
                                            self.executor.close_set)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
@@ -170,7 +176,8 @@ class Engine(Stoppable):
                                   self._liveness.timeout, self._lost)
         self._sentinel.start()
         self._waiter = waiting.RoundWaiter(self.config, self.handles, self._while_waiting,
-                                           self._doorbell, lambda: len(self._queue))
+                                           self._doorbell, lambda: len(self._queue),
+                                           self._serve_lanes_in_round)
         self._stalls_told: set[int] = set()   # held stall errors already logged
         # Waits inside data collectives tick as a round's do (hvdlite/transport/waits.py).
         waits.watch(self._while_waiting, liveness.TICK_S)
@@ -191,6 +198,8 @@ class Engine(Stoppable):
         if (timeline := self.timeline) is not None:   # one read: stop_timeline() may clear it
             timeline.cycle_start()
         self._drain_queue()
+        if self.lanes.busy or self.registry.in_join():   # before the round: a peer may
+            self._serve_lanes()                            # wait on them
         if self.executor.busy and self.executor.progress():
             self.handles.notify()      # finished by asynchronous backend work: before the round
         members = self.registry.members()
@@ -209,7 +218,8 @@ class Engine(Stoppable):
             elif not self._full_round(state):
                 return False
         clock = self.peer_wait
-        if clock is not None and clock.since is not None and not any(s.pending for s in members):
+        if (clock is not None and clock.since is not None and not self.lanes.busy
+                and not any(s.pending for s in members)):
             clock.settled(time.monotonic())
         self._check_stalls()
         # Waiters wake last, just before this thread next blocks: a user thread woken
@@ -217,11 +227,6 @@ class Engine(Stoppable):
         # lets go, a second wake-up.
         self.handles.notify()
         return self.dead is None
-
-    def _wait_for_work(self) -> None:
-        if not self._has_work():       # (a round with work resets the schedule: below)
-            self._idle.sleep(self.config.cycle_time, self._doorbell, self._has_work,
-                             patient=self.registry.only_world())
 
     def _has_work(self) -> bool:
         if self._queue or self._shutdown_requested or self.executor.busy:
@@ -278,7 +283,8 @@ class Engine(Stoppable):
         report = Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
                         self._shutdown_requested and on_global,
                         not on_global and self.registry.in_join(),
-                        self._deadlock.pending(self.registry.members()) if on_global else None)
+                        self._deadlock.pending(self.registry.members(), self.lanes) if on_global
+                        else None)
         gathered = state.comm.gather_awaited(report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
@@ -295,8 +301,9 @@ class Engine(Stoppable):
             self._stop(StallError(verdict.stall))
             return False
         if verdict.deadlock:    # every rank fails what it has pending; the engine goes on
-            deadlock.fail_all(self.registry.members(), self.fail_set, DeadlockError(
-                f"rank {self.transport.rank}: {verdict.deadlock}"))
+            error = DeadlockError(f"rank {self.transport.rank}: {verdict.deadlock}")
+            deadlock.fail_all(self.registry.members(), self.fail_set, error)
+            self.lanes.abandon(error, self.transport.allgather)
         return True
 
     def _decide(self, state: SetState, gathered: list[Report]) -> Verdict:
@@ -348,6 +355,8 @@ class Engine(Stoppable):
         self._sentinel.inside = (now, state.ranks)   # a peer lost in there: sentinel.py
         self.executor.run(state.set_id, data, agreed, plan_key)
         self._sentinel.inside = None
+        if not cached and any(r.desc.kind is Kind.JOIN for r in data):
+            self.lanes.square_up(self.transport.allgather)    # every rank, at the join's end
         for response, request in control:
             self._control(state, response, request)
 
@@ -356,7 +365,12 @@ class Engine(Stoppable):
         rank runs it at the same point in the order of collectives)."""
         desc = response.desc
         result: Any = None
-        if desc.kind is Kind.ADD_PROCESS_SET:
+        if desc.kind is Kind.OPEN_LANE:
+            channel = state.comm.lane_channel()
+            if channel is not None:
+                result = self.lanes.open(desc.name, state.set_id, channel, state.comm.rank,
+                                         state.comm.size, desc.shape, np.dtype(desc.dtype))
+        elif desc.kind is Kind.ADD_PROCESS_SET:
             result = self.registry.add(tuple(desc.ranks or ()), state.comm)
         elif desc.kind is Kind.REMOVE_PROCESS_SET:
             removed = HvdliteError(

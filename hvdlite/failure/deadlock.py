@@ -74,14 +74,16 @@ class DeadlockWatch:
         elif window > 0 and now - self._since >= window:
             self.due = True
 
-    def pending(self, members: Sequence[Any]) -> Optional[Pending]:
-        """This rank's pending requests on every set, if the round asks and this rank
-        is blocked (None otherwise: the coordinator then sees it is not)."""
+    def pending(self, members: Sequence[Any], lanes: Any = None) -> Optional[Pending]:
+        """This rank's pending requests on every set and its buckets on lanes
+        (hvdlite/engine/lane.py), if the round asks and this rank is blocked (None
+        otherwise: the coordinator then sees it is not)."""
         if not (self.checking and self.blocked):
             return None
         waited = self._handles.parked()
         return [(state.set_id, name, request.desc.kind.value, request.handle in waited)
-                for state in members for name, request in state.pending.items()]
+                for state in members for name, request in state.pending.items()
+                ] + ([] if lanes is None else lanes.pending(waited))
 
     def judge(self, reports: Sequence[Any], responses: Sequence[Response],
               sets: dict[int, tuple[int, ...]]) -> str:

@@ -28,6 +28,8 @@ _PR_SET_TIMERSLACK = 29
 _SPIN_SLICE_S = 20e-6
 FIRST_PAUSE_S = 20e-6
 _LONGEST_PAUSE_FLOOR_S = 50e-6
+# A round waited on blocked wakes this often while the engine's lanes are busy.
+_SERVING_SLICE_S = 1e-3
 
 
 def longest_pause(cycle_ms: float) -> float:
@@ -189,12 +191,16 @@ class RoundWaiter:
     liveness.TICK_S once a wait has lasted (the stall inspector, the check for a lost peer)."""
 
     def __init__(self, config: Any, handles: Any, on_tick: Callable[[float, float], None],
-                 doorbell: Doorbell, queued: Callable[[], int]) -> None:
+                 doorbell: Doorbell, queued: Callable[[], int],
+                 serve: Callable[[], bool] = lambda: False) -> None:
         self.config = config      # replaced by a negotiated reconfiguration
         self._handles = handles
         self._on_tick = on_tick
         self._doorbell = doorbell
         self._queued = queued      # how many local requests wait for the next round
+        # The engine's lanes, served while a round lasts (a peer may wait on a bucket
+        # queued here meanwhile); True while they are busy.
+        self._serve = serve
 
     def wait(self, requests: Sequence[Pending]) -> None:
         """Poll until every round completes, sleeping in growing pauses. While a user
@@ -222,6 +228,7 @@ class RoundWaiter:
         def new_local_work() -> bool:
             return self._queued() > queued_before
         while not all_done(requests):
+            self._serve()
             if (urgent or self._handles.waiting) and budget > 0:
                 start = time.perf_counter()
                 while time.perf_counter() - start < _SPIN_SLICE_S:
@@ -255,7 +262,8 @@ class RoundWaiter:
         started = time.monotonic()
         next_tick = started + liveness.TICK_S
         for request in requests:
-            while not request.wait_for(next_tick - time.monotonic()):
+            while not request.wait_for(min(next_tick - time.monotonic(),
+                                           _SERVING_SLICE_S if self._serve() else 1e9)):
                 now = time.monotonic()
                 if now >= next_tick:
                     self._on_tick(started, now)

@@ -41,6 +41,7 @@ class Kind(enum.Enum):
     ADD_PROCESS_SET = "add_process_set"
     REMOVE_PROCESS_SET = "remove_process_set"
     RECONFIGURE = "reconfigure"
+    OPEN_LANE = "open_lane"          # agreed buckets' lane (hvdlite/engine/lane.py)
 
 
 # Kinds whose agreed responses are worth remembering for the bit-vector fast path.

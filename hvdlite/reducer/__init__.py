@@ -3,9 +3,10 @@
 - ``settings``: what an averager asks for (op, scale factors, compression, passes,
   groups, process set), refused alike for every framework;
 - ``layout``: which gradients share a bucket, DDP's way, from the parameter list;
+- ``bucket``: one flat buffer, the gradients viewing it, its pieces;
 - ``buckets``: the ``Reducer``: flat buffers and views through the framework's tensor
   adapter, on the gradients' device, agreed across ranks in one exchange, pass
-  counting, one prepared request per bucket, and the errors;
+  counting, the buckets on a lane (or one prepared request per bucket), and the errors;
 - ``lists``: the call ``averager(gradients, variables) -> gradients`` of the
   frameworks that hand every gradient over at once (TensorFlow, Keras).
 

@@ -12,11 +12,15 @@ the reducer two things:
 - TensorFlow and Keras (lists): ``reduce(gradients)`` packs them into the buckets,
   reduces, and unpacks them.
 
-Each bucket's request is prepared once (``hvdlite.api.prepared``) and agreed by the
-engine's response cache with one bit, so a step costs one submission per bucket;
-with compression, a compressed copy of the bucket travels instead. A gradient
-reduced elsewhere (a sparse one, by allgather) is evicted from its bucket, which
-is then reduced in the pieces around it.
+Buckets of float32 or float64 on the CPU go on a lane (``hvdlite.api.lane``,
+HVDLITE_LANE): opened once per layout, right after it is agreed; each step then hands
+each bucket over whole, in index order, with no negotiation, and the lane sums it in
+place with its check words (the optimizer's step among them) and scales it once.
+The others are negotiated: each bucket's request is prepared once
+(``hvdlite.api.prepared``) and agreed by the engine's response cache with one bit, so
+a step costs one submission per bucket; with compression, a compressed copy of the
+bucket travels instead. A gradient reduced elsewhere (a sparse one, by allgather) is
+evicted from its bucket, which is then reduced (negotiated) in the pieces around it.
 
 Which gradients exist travels with them: each bucket ends in one flag per
 gradient, 1 where this rank has the gradient and 0 where it has none (a
@@ -31,75 +35,19 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
-from hvdlite.api import collectives, runtime, submission
+from hvdlite.api import collectives, lane, objects, runtime, submission
 from hvdlite.api.adapter import TensorAdapter
+from hvdlite.api.compression import Compression
 from hvdlite.api.prepared import PreparedAllreduce
 from hvdlite.api.variable_check import agree_variables
-from hvdlite.errors import HvdliteError, UsageError
+from hvdlite.errors import HvdliteError, MismatchError, UsageError
 from hvdlite.negotiation.requests import Kind, to_dtype
+from hvdlite.reduce_op import ReduceOp
 from hvdlite.reducer import layout
+from hvdlite.reducer.bucket import Bucket, Spec
 from hvdlite.reducer.settings import Settings
 
-Spec = tuple[str, tuple[int, ...], str, str]     # (name, shape, dtype name, device)
 _FAILED = object()       # a piece's handle after this rank failed it (see Reducer.fail)
-
-
-class Bucket:
-    """One flat buffer, the gradients viewing it, and this step's reduction."""
-
-    def __init__(self, index: int, members: list[int], specs: Sequence[Spec], what: str,
-                 buffers: Optional[TensorAdapter]) -> None:
-        """``buffers``: the adapter that makes the flat buffer (None: no buffer, for a
-        set of one rank, which reduces nothing)."""
-        self.members = members
-        self.names = [specs[i][0] for i in members]
-        # Named by its parameters, named alike on every rank and unlike in another
-        # optimizer (a GAN's two): the engine caches its request under this name.
-        self.name = f"{what}.bucket.{index}.{self.names[0]}..{self.names[-1]}"
-        self.shapes = [specs[i][1] for i in members]
-        counts = [math.prod(shape) for shape in self.shapes]
-        self.offsets = [sum(counts[:slot]) for slot in range(len(counts))]
-        self.counts = counts
-        dtype, device = specs[members[0]][2:]
-        total = sum(counts)
-        # The gradients, then one flag per gradient (see the module's docstring).
-        self.flat = (None if buffers is None
-                     else buffers.flat_buffer(dtype, device, total + len(members)))
-        self.views = [None if buffers is None else buffers.view(self.flat, offset, shape)
-                      for offset, shape in zip(self.offsets, self.shapes)]
-        self.grads = None if buffers is None else self.flat[:total]
-        self.flags = None if buffers is None else self.flat[total:]
-        self.absent: list[int] = []          # slots without a gradient on this rank this step
-        self.evicted: set[int] = set()       # slots reduced elsewhere
-        self._pieces: Optional[list[list[Any]]] = None   # [name, flat piece, prepared]
-        self.waiting = len(members)          # gradients not ready yet this step
-        self.inflight: Optional[list[tuple[Any, Any, Any, Any]]] = None   # started
-
-    def pieces(self) -> list[list[Any]]:
-        """[name, piece of the flat buffer, its prepared request or None]: the whole
-        buffer, or the runs of slots between evicted ones."""
-        if self._pieces is None:
-            if not self.evicted:
-                self._pieces = [[self.name, self.flat, None]]
-            else:
-                runs: list[list[int]] = []
-                spans = [(offset, count) for slot, (offset, count)
-                         in enumerate(zip(self.offsets, self.counts)) if slot not in self.evicted]
-                if spans:         # the flags, unless every gradient is reduced elsewhere
-                    spans.append((sum(self.counts), len(self.members)))
-                for offset, count in spans:
-                    if runs and runs[-1][1] == offset:
-                        runs[-1][1] = offset + count
-                    else:
-                        runs.append([offset, offset + count])
-                self._pieces = [[f"{self.name}.part{k}", self.flat[start:stop], None]
-                                for k, (start, stop) in enumerate(runs)]
-        return self._pieces
-
-    def evict(self, slot: int) -> None:
-        if slot not in self.evicted:
-            self.evicted.add(slot)
-            self._pieces = None
 
 
 class Reducer:
@@ -141,8 +89,19 @@ class Reducer:
         plan = layout.plan(nbytes, [spec[2:] for spec in specs], runtime.config().bucket_bytes,
                            groups, reduced)
         buffers = None if self.alone else adapter.buffers
-        self.buckets = [Bucket(i, members, specs, settings.what, buffers)
+        kinds = {tuple(specs[members[0]][2:]) for members in plan}
+        on_lane = (not self.alone and len(kinds) == 1 and lane.carries(*next(iter(kinds)))
+                   and settings.compression is Compression.none)
+        words = lane.CHECK_WORDS if on_lane else 0
+        self.buckets = [Bucket(i, members, specs, settings.what, buffers, words)
                         for i, members in enumerate(plan)]
+        self._lane: Optional[lane.Lane] = None
+        self._lane_next = 0          # the next bucket to hand to the lane this step
+        # Optimizer steps taken, as this rank counts them: a lane's check words carry it
+        # (a rank that skipped one is a MismatchError). The binding that steps keeps it.
+        self.steps = 0
+        if on_lane:
+            self._open_lane(next(iter(kinds))[0])
         self.slot_of = {position: (bucket, slot) for bucket in self.buckets
                         for slot, position in enumerate(bucket.members)}
         self._passes = [0] * len(specs)
@@ -154,6 +113,37 @@ class Reducer:
             # pack into it, and resident it put the bucketed transformer's peak memory
             # 1-2% above DDP's (BENCHMARKS.md). Whatever packs later makes a new one.
             runtime.release_host_fusion_buffer()
+
+    def _open_lane(self, dtype: str) -> None:
+        """A lane for the buckets (hvdlite/engine/lane.py): opened on every rank of the
+        set, as the layout was agreed; the buckets' arrays and scale fixed from now on."""
+        # Named as the layout's exchange, which it completes, and by the parameters.
+        first, last = self.buckets[0].names[0], self.buckets[-1].names[-1]
+        opened = lane.Lane(f"{self.settings.what}.layout.lane.{first}..{last}",
+                           [bucket.size for bucket in self.buckets], dtype,
+                           self.settings.process_set)
+        if not opened.opened:
+            return
+        op, prescale, postscale = self.settings.scaled_op()
+        scale = prescale * postscale
+        if op == ReduceOp.AVERAGE:
+            scale /= self.settings.set_size()
+        to_array = self._adapter.buffers.to_array
+        self._lane = opened
+        self._lane_arrays = [to_array(bucket.flat) for bucket in self.buckets]
+        self._lane_scale = scale
+
+    def _to_lane(self) -> None:
+        """Hand the started buckets to the lane in index order, as far as they go: the
+        k-th sum on a lane is bucket k of the step on every rank."""
+        buckets, arrays, scale = self.buckets, self._lane_arrays, self._lane_scale
+        while self._lane_next < len(buckets) and buckets[self._lane_next].inflight is not None:
+            bucket = buckets[self._lane_next]
+            self._lane_next += 1
+            handle = self._lane.submit(arrays[bucket.index], sum(bucket.counts), scale,
+                                       self.steps, bucket.name, bucket.names,
+                                       bucket.failed_slot)
+            bucket.inflight.append((handle, bucket.flat, bucket.flat, None))
 
     # -- a framework that hands gradients over one by one (torch's hooks) ----------------------
     def holds(self, position: int) -> bool:
@@ -220,6 +210,11 @@ class Reducer:
             f"{tuple(shape)} {dtype}, but its bucket was laid out for "
             f"{tuple(bucket.shapes[slot])} {self._dtypes[position]}. Make the "
             "DistributedOptimizer after changing the model's parameters (on every rank)")
+        if self._lane is not None and not bucket.evicted:    # every rank fails it on the lane
+            bucket.failed_slot = slot
+            if bucket.inflight is None:
+                self._start(bucket)
+            raise error
         for name, _, _ in bucket.pieces():
             submission.Call(Kind.ALLREDUCE, name, self.settings.process_set).mark(error)
         bucket.inflight = [(_FAILED, None, None, None)]
@@ -262,6 +257,7 @@ class Reducer:
                 self._adapter.pack([tensors[i] for i in bucket.members], bucket.grads)
                 self._start(bucket)
         errors = self.wait()
+        self.steps += 1
         if errors:
             raise errors[0]
         for bucket in self.buckets:
@@ -284,6 +280,23 @@ class Reducer:
                 itemsize = to_dtype(self._dtypes[bucket.members[0]]).itemsize
                 recorder.unreduced(sum(bucket.counts) * itemsize)
             return
+        if self._lane is not None:
+            if not bucket.evicted:
+                self._to_lane()
+                return
+            self._leave_lane()
+        self._negotiate(bucket)
+
+    def _leave_lane(self) -> None:
+        """A sparse gradient was evicted (at this step, on every rank): its bucket no
+        longer has the lane's size, so from here the buckets are negotiated, those
+        started and still waiting for their turn on the lane too."""
+        self._lane = None
+        for bucket in self.buckets[self._lane_next:]:
+            if bucket.inflight == [] and not bucket.evicted:
+                self._negotiate(bucket)
+
+    def _negotiate(self, bucket: Bucket) -> None:
         op, prescale, postscale = self.settings.scaled_op()
         compression = self.settings.compression
         buffers = self._adapter.buffers
@@ -323,7 +336,21 @@ class Reducer:
                 self.unused = self._unused_everywhere()
         finally:
             self.reset()
+        if any(isinstance(error, lane.StepMismatchError) for error in errors):
+            errors.insert(0, self._steps_everywhere())
         return errors
+
+    def _steps_everywhere(self) -> MismatchError:
+        """Every rank failed the same buckets on the lane for steps that differ:
+        gather each rank's step to name them all."""
+        steps = objects.allgather_object(self.steps, name=f"{self.settings.what}.steps",
+                                         process_set=self.settings.process_set)
+        named = ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
+        return MismatchError(
+            f"rank {runtime.rank()}: the ranks reduced the gradients of different "
+            f"optimizer steps together ({named}): a rank skipped a step, or took one "
+            "more. Every rank must step as often as the others; this step's gradients "
+            "were not handed back.")
 
     def _unused_everywhere(self) -> set[int]:
         """Of the gradients this rank lacked, those no rank had (their flags summed to
@@ -336,8 +363,10 @@ class Reducer:
         return unused
 
     def reset(self) -> None:
+        self._lane_next = 0
         for bucket in self.buckets:
             bucket.waiting, bucket.inflight = len(bucket.members), None
+            bucket.failed_slot = None
             if bucket.absent:
                 bucket.absent = []
         self._started = []

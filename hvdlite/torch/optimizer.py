@@ -116,6 +116,7 @@ class DistributedOptimizer(GradientReduction, GradScalerSupport, torch.optim.Opt
         self._layout_checked = False   # this step compared requires_grad with the layout
         self._absent: list[int] = []   # positions without a gradient here this step
         self._reducer: Optional[Reducer] = None        # made when the first gradient arrives
+        self._steps = 0                                # optimizer steps taken (Reducer.steps)
         self._unagreed: Optional[HvdliteError] = None  # why it could not be: raised by step()
         self._sparse: set[int] = set()                 # positions whose gradients are sparse
         self._sparse_pending: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -189,6 +190,9 @@ class DistributedOptimizer(GradientReduction, GradScalerSupport, torch.optim.Opt
         self._synchronized = self._synchronized_for_scaler = False
         with self._scaler_attributes_forwarded():
             loss = self._optimizer.step(closure)
+        self._steps += 1
+        if self._reducer is not None:
+            self._reducer.steps = self._steps
         recorder = _report.recorder()
         if recorder is not None:
             recorder.step_done()

@@ -34,6 +34,7 @@ class GradientReduction:
     _layout_checked: bool
     _absent: list[int]
     _reducer: Optional[Reducer]
+    _steps: int
     _unagreed: Optional[HvdliteError]
     _sparse: set[int]
     _sparse_pending: dict[int, tuple[torch.Tensor, Any]]
@@ -62,6 +63,7 @@ class GradientReduction:
             except HvdliteError as error:
                 self._unagreed = error
             else:       # sparse gradients stay out of the new buckets, on every rank
+                self._reducer.steps = self._steps
                 for position in self._sparse:
                     if self._reducer.holds(position):
                         self._reducer.evict(position)

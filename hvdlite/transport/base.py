@@ -21,6 +21,8 @@ What a transport provides, in the order the engine uses it:
 - process sets: ``dup``, ``split`` and ``split_node`` give transports over subgroups;
   ``free`` releases one;
 - liveness: ``liveness_channel`` gives pings and verdicts on a private context;
+- agreed buckets: ``lane_channel`` gives sums started without blocking, on a context
+  of their own (hvdlite/engine/lane.py);
 - data: ``allreduce_array``, ``broadcast_array``, ``allgather_array`` and
   ``alltoall_array`` on host NumPy
   buffers, for a transport-generic backend, each waited on through
@@ -112,6 +114,20 @@ class LivenessChannel(Protocol):
         ...
 
 
+class LaneChannel(Protocol):
+    """In-place sums on a context of their own (hvdlite/engine/lane.py): matched with
+    the other ranks' in the order each rank starts them, never with another collective
+    of the transport, so they can be started at any time without a negotiation round."""
+
+    def start_sum(self, buf: np.ndarray) -> Pending:
+        """Start summing ``buf`` (contiguous, host) across the ranks, into ``buf``."""
+        ...
+
+    def close(self) -> None:
+        """Every member closes it, once nothing started on it is pending."""
+        ...
+
+
 @runtime_checkable
 class Transport(Protocol):
     name: str
@@ -155,6 +171,12 @@ class Transport(Protocol):
 
     # -- liveness ---------------------------------------------------------------------------
     def liveness_channel(self) -> LivenessChannel: ...
+
+    # -- agreed buckets -------------------------------------------------------------------
+    def lane_channel(self) -> Optional[LaneChannel]:
+        """A new lane over this transport's ranks (collective), or None where the
+        transport has none (the buckets are then negotiated as other requests)."""
+        ...
 
     # -- data (host NumPy buffers, contiguous) ------------------------------------------
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:

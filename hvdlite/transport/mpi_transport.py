@@ -98,6 +98,19 @@ class Channel:
             time.sleep(1e-3)
 
 
+class MpiLane:
+    """A lane (hvdlite/engine/lane.py) on a communicator of its own."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm
+
+    def start_sum(self, buf: np.ndarray) -> MPI.Request:
+        return self._comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def close(self) -> None:
+        self._comm.Free()
+
+
 class MpiTransport:
     """The Transport protocol on one mpi4py communicator (``comm``), which the host
     backends are opened on as well."""
@@ -164,6 +177,9 @@ class MpiTransport:
 
     def liveness_channel(self) -> Channel:
         return Channel(self.comm)
+
+    def lane_channel(self) -> MpiLane:
+        return MpiLane(self.comm.Dup())
 
     def allreduce_array(self, buf: np.ndarray, op: ReduceOp) -> None:
         check_data_op(self.rank, op)

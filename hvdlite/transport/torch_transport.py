@@ -33,7 +33,7 @@ from hvdlite.transport.base import Await, TransportKind, check_data_op
 from hvdlite.transport.handoff import HANDOFF
 from hvdlite.transport.node_memory import NodeMemory, NodeRound, open_node_memory
 from hvdlite.transport.store_channel import StoreChannel
-from hvdlite.transport.torch_work import OPTIONS, TorchPending, TorchRound, block
+from hvdlite.transport.torch_work import OPTIONS, TorchLane, TorchPending, TorchRound, block
 
 _GLOO_WIDER = {np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint16): np.dtype(np.int32),
                np.dtype(np.uint32): np.dtype(np.int64)}
@@ -182,6 +182,15 @@ class TorchTransport:
             return dist.ProcessGroupGloo(store, self.rank, self.size)
         raise UsageError(f"rank {self.rank}: no device group on backend {backend!r}; "
                          "known: 'nccl', 'gloo'")
+
+    def lane_channel(self) -> Optional[TorchLane]:
+        """A Gloo group of its own; none where every rank shares the node's memory,
+        which carries host data faster than Gloo and has no start without blocking
+        yet (a lane over Gloo there trained the MLP at 0.59x the MPI lane's speed at
+        np=2 and 0.26x at np=4, on 2 cores): the buckets are negotiated there."""
+        if self._opened_node_memory() is not None:
+            return None
+        return TorchLane(self.device_group("gloo"))
 
     def liveness_channel(self) -> StoreChannel:
         # A prefix of the session's own (rank 0's random token): a second init() in

@@ -74,6 +74,20 @@ _BAND = _reduce_options(dist.ReduceOp.BAND)
 OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
 
 
+class TorchLane:
+    """A lane (hvdlite/engine/lane.py) on a Gloo group of its own."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    def start_sum(self, buf: Any) -> TorchPending:
+        tensor = torch.from_numpy(buf)
+        return TorchPending(self._group.allreduce([tensor], OPTIONS[ReduceOp.SUM]), tensor)
+
+    def close(self) -> None:
+        self._group = None      # its threads end with the group
+
+
 class TorchRound:
     def __init__(self, group: Any, vector: array.array) -> None:
         self._group, self._vector = group, vector

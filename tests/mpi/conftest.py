@@ -3,6 +3,9 @@ test's outcome exchanged between ranks so that a failure anywhere fails it
 everywhere (tests are size-agnostic: expected values come from rank and size)."""
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Iterator
+
 import numpy as np
 import pytest
 
@@ -148,3 +151,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if what in item.nodeid.lower():
                 item.add_marker(pytest.mark.skip(reason=(
                     f"needs MPI, not torchrun's Gloo: the torch transport has no {what} yet")))
+
+
+@contextlib.contextmanager
+def submissions() -> Iterator[list[str]]:
+    """The names of what this rank hands the engine while inside: requests to negotiate
+    and buckets on a lane (hvdlite/engine/lane.py) alike, in order."""
+    engine, names = runtime.engine(), []
+    submit, submit_lane = engine.submit, engine.submit_lane
+
+    def negotiated(request: Any, finish: Any = None) -> int:
+        names.append(request.desc.name)
+        return submit(request, finish)
+
+    def on_lane(lane_id: int, op: Any) -> int:
+        names.append(op.name)
+        return submit_lane(lane_id, op)
+    engine.submit, engine.submit_lane = negotiated, on_lane   # instance attributes shadow
+    try:
+        yield names
+    finally:
+        del engine.submit, engine.submit_lane

@@ -4,7 +4,7 @@ allreduce each, the reducer's) on the TensorFlow backend and, with KERAS_BACKEND
 gradient (HVDLITE_BUCKET_BYTES=0), bitwise identical across ranks."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -14,25 +14,18 @@ from tests.mpi.keras_backend import keras
 import hvdlite.keras as hvd
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
-from tests.mpi.conftest import assert_identical_everywhere
+from tests.mpi.conftest import assert_identical_everywhere, submissions
 
 
 @pytest.fixture
 def names() -> Iterator[list[str]]:
-    """The names of the requests this rank submits during the test."""
-    engine = runtime.engine()
-    seen: list[str] = []
-    plain = engine.submit
-
-    def spy(request: Any, finish: Any = None) -> int:
-        seen.append(request.desc.name)
-        return plain(request, finish)
-    engine.submit = spy
+    """The names of what this rank hands the engine during the test (requests and
+    buckets on a lane alike)."""
     previous = runtime.config().bucket_bytes
     try:
-        yield seen
+        with submissions() as seen:
+            yield seen
     finally:
-        del engine.submit
         reconfigure(bucket_bytes=previous)
 
 

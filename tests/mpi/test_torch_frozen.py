@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
+from tests.mpi.conftest import submissions  # noqa: E402
 from tests.mpi.test_torch_training import (OPTIMIZERS, PER_RANK, TOLERANCE,  # noqa: E402
                                            _assert_identical_everywhere, _batch, _shard)
 
@@ -223,31 +224,20 @@ def test_which_gradients_exist_costs_no_request_of_its_own() -> None:
     change."""
     if hvd.size() < 2:
         pytest.skip("on one rank nothing is reduced")
-    from hvdlite.api import runtime
     model = _Branchy()
     model.trunk.requires_grad_(False)
     optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
-    engine = runtime.engine()
-    submit, names = engine.submit, []
-
-    def spy(request: object, finish: object = None) -> int:
-        names.append(request.desc.name)       # type: ignore[attr-defined]
-        return submit(request, finish)
-    engine.submit = spy
-    try:
-        per_step = []
-        for step in range(3):
-            if step == 2:
-                model.trunk.requires_grad_(True)
-            names.clear()
+    per_step = []
+    for step in range(3):
+        if step == 2:
+            model.trunk.requires_grad_(True)
+        with submissions() as names:
             x, y = _batch(step)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(_shard(x), None), _shard(y)).backward()
             optimizer.step()
-            per_step.append(list(names))
-    finally:
-        del engine.submit
+        per_step.append(names)
     buckets = [b.name for b in optimizer._reducer.buckets]
     assert all(".bucket." in name for name in per_step[1]) and len(per_step[1]) == 1
     assert sorted(n for n in per_step[2] if ".bucket." in n) == sorted(buckets)

@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
 from hvdlite.api import runtime  # noqa: E402
+from hvdlite.api.control import reconfigure  # noqa: E402
+from hvdlite.transport.base import TransportKind  # noqa: E402
 from hvdlite.negotiation.requests import Kind  # noqa: E402
 
 PER_RANK = 6           # samples per rank per micro-batch
@@ -140,44 +142,59 @@ def test_synchronize_then_clip_then_step() -> None:
 
 
 def _reduced_gradients(**options: object) -> tuple[list, list]:
-    """Gradients after synchronize(), and the (op, prescale, postscale) of every
-    allreduce the optimizer started."""
+    """Gradients after synchronize(), and how the optimizer's reductions scale: the
+    (op, prescale, postscale) of every allreduce it started, and ("lane", scale) of
+    every bucket it handed to a lane."""
     model = _model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters(), **options)
     started = []
     engine = runtime.engine()
-    submit = engine.submit
+    submit, submit_lane = engine.submit, engine.submit_lane
 
     def spy(request: Any, finish: Any = None) -> int:
         desc = request.desc
         if desc.kind is Kind.ALLREDUCE:
             started.append((desc.op, desc.prescale, desc.postscale))
         return submit(request, finish)
-    engine.submit = spy                 # an instance attribute shadows the method
+
+    def spy_lane(lane_id: int, op: Any) -> int:
+        started.append(("lane", op.scale))
+        return submit_lane(lane_id, op)
+    engine.submit, engine.submit_lane = spy, spy_lane   # instance attributes shadow
     try:
         x, y = _batch(0)
         torch.nn.functional.mse_loss(model(_shard(x)), _shard(y)).backward()
         optimizer.synchronize()
     finally:
-        del engine.submit
+        del engine.submit, engine.submit_lane
     return [p.grad.clone() for p in model.parameters()], started
 
 
-def test_gradient_predivide_factor_gives_the_average() -> None:
-    """Horovod's predivide: Sum with 1/f before and f/size after is the Average."""
+@pytest.mark.parametrize("lane", [True, False])
+def test_gradient_predivide_factor_gives_the_average(lane: bool) -> None:
+    """Horovod's predivide: Sum with 1/f before and f/size after is the Average (on a
+    lane, the two factors make one scale after the sum)."""
     if hvd.size() < 2:
         pytest.skip("on one rank nothing is reduced")
-    plain, plain_ops = _reduced_gradients()
-    divided, divided_ops = _reduced_gradients(gradient_predivide_factor=4.0)
+    previous = runtime.config().lane
+    reconfigure(lane=lane)
+    try:
+        plain, plain_ops = _reduced_gradients()
+        divided, divided_ops = _reduced_gradients(gradient_predivide_factor=4.0)
+    finally:
+        reconfigure(lane=previous)
     model = _model()                    # one process on the whole batch
     x, y = _batch(0)
     torch.nn.functional.mse_loss(model(x), y).backward()
     for p, q, whole in zip(plain, divided, model.parameters()):
         assert torch.allclose(p, q, rtol=1e-12, atol=0), (p - q).abs().max()
         assert torch.allclose(q, whole.grad, rtol=0, atol=TOLERANCE)
-    assert set(plain_ops) == {(hvd.Average, 1.0, 1.0)}
-    assert set(divided_ops) == {(hvd.Sum, 0.25, 4.0 / hvd.size())}   # the factor was used
+    if lane and runtime.engine().transport.kind is TransportKind.MPI:   # (torchrun: none)
+        assert set(plain_ops) == set(divided_ops) == {("lane", 1.0 / hvd.size())}
+    else:
+        assert set(plain_ops) == {(hvd.Average, 1.0, 1.0)}
+        assert set(divided_ops) == {(hvd.Sum, 0.25, 4.0 / hvd.size())}   # the factor was used
 
 
 def test_reductions_start_during_the_kth_backward_pass() -> None:

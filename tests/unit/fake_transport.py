@@ -203,6 +203,9 @@ class ThreadTransport:
     def free(self) -> None:
         pass
 
+    def lane_channel(self) -> "FakeLane":
+        return FakeLane(self.dup())
+
     def liveness_channel(self) -> FakeChannel:
         return FakeChannel(self.dup().hub, self.rank)   # a context of its own, as MPI's Dup
 
@@ -238,6 +241,25 @@ class ThreadTransport:
 
     def abort(self, status: int) -> None:
         self.hub.aborts.append((self.rank, status))
+
+
+class FakeLane:
+    """A lane on a group of its own: a sum posted now, summed on the first ``Test``
+    that finds every rank's part (mismatched parts: the error MPI would give)."""
+
+    def __init__(self, transport: ThreadTransport) -> None:
+        self._transport = transport
+
+    def start_sum(self, buf: np.ndarray) -> FakePending:
+        def finish(parts: list[Any]) -> None:
+            if any(p.dtype != buf.dtype or p.shape != buf.shape for p in parts):
+                raise FakeTransportError(f"rank {self._transport.rank}: ranks sum "
+                                         "different buffers on a lane")
+            buf[...] = np.sum(parts, axis=0, dtype=buf.dtype)
+        return self._transport._post(buf.copy(), finish)
+
+    def close(self) -> None:
+        pass
 
 
 def run_transports(size: int, work: Callable[[ThreadTransport], Any],

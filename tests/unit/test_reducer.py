@@ -150,7 +150,8 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Engine]:
     monkeypatch.setattr(runtime, "size", lambda: 2)
     monkeypatch.setattr(runtime, "rank", lambda: 0)
     monkeypatch.setattr(runtime, "engine", lambda what="": made)
-    monkeypatch.setattr(runtime, "config", lambda: Config.load({}, bucket_bytes=24))
+    # The buckets negotiated, as with HVDLITE_LANE=0 (the lane: test_reducer_lane.py).
+    monkeypatch.setattr(runtime, "config", lambda: Config.load({}, bucket_bytes=24, lane=False))
     monkeypatch.setattr(runtime, "release_host_fusion_buffer", lambda: None)
     monkeypatch.setattr(runtime.RUNTIME, "engine", made)
     monkeypatch.setattr(runtime.RUNTIME, "recorder", None)

@@ -1,0 +1,199 @@
+"""The lane: agreed gradient buckets reduced with no negotiation round.
+
+Once a reducer's layout is agreed, it opens a lane: one negotiated request
+(``Kind.OPEN_LANE``) that every rank of its process set runs at the same point, and
+that gives the lane a channel of its own (``Transport.lane_channel``: MPI, a duplicated
+communicator; torch, a Gloo group) and the sizes of its buckets. From then on the
+reducer hands each step's buckets over in index order, and the engine starts each at
+once, in place, as one sum on that channel: no round, no fusion plan, no backend
+choice, no copy. Sums on a channel match in the order each rank starts them, so the
+k-th sum on a lane is bucket k mod B of step k div B on every rank, by construction.
+
+What a round guaranteed, the sum itself now carries. Each bucket ends in check words,
+0 or 1 on each rank: the bits of the step and the bucket's index as this rank counts
+them. Summed, a word is 0 or the set's size wherever every rank counted alike. Any
+other value means ranks summed different steps together (a rank skipped an optimizer
+step), and every rank sees it in the same sums: each fails the bucket with a
+MismatchError (the reducer then names every rank's step), and it is never handed
+back. The lane itself goes on: every rank still sums every bucket of every step.
+
+A rank whose gradient no longer fits its bucket sends the bucket with the next word
+set: every rank then fails the bucket (the failing rank's own error names the
+parameter). The last word counts the ranks that have joined (``hvd.join()``). A joined rank's
+engine takes part in every lane with zeros, as a joined rank does in a negotiated
+allreduce, one sum at a time, until every rank has joined: a sum of joined ranks only
+is void on every rank, and moves no lane forward.
+
+A sum waiting longer than HVDLITE_STALL_CHECK_TIME is logged with its bucket, and
+past HVDLITE_STALL_SHUTDOWN_TIME (if set) stops the engine with a StallError, as a
+negotiated request would: the ranks are not stepping the same optimizers in the same
+order.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Optional, Sequence
+
+import numpy as np
+
+from hvdlite.errors import HvdliteError, MismatchError, UsageError
+from hvdlite.transport.base import LaneChannel, Pending
+
+STEP_BITS, INDEX_BITS = 16, 12
+# The step's bits, the index's, then sums: ranks that failed the bucket, rank + 1 and
+# slot + 1 of the failing gradient (exact when one rank failed it), ranks joined.
+CHECK_WORDS = STEP_BITS + INDEX_BITS + 4
+_FAILED, _FAILED_RANK, _FAILED_SLOT, _JOINED = -4, -3, -2, -1
+LANE_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})   # exact 0..2^24
+_log = logging.getLogger("hvdlite")
+
+
+def check_words(step: int, index: int, rank: int, failed_slot: Optional[int], joined: bool,
+                out: np.ndarray) -> None:
+    """Write a bucket's check words (see the module's docstring) into ``out``. A joined
+    rank knows no step: its step and index words are 0, and count for nothing."""
+    for bit in range(STEP_BITS):
+        out[bit] = 0 if joined else (step >> bit) & 1
+    for bit in range(INDEX_BITS):
+        out[STEP_BITS + bit] = 0 if joined else (index >> bit) & 1
+    failed = failed_slot is not None
+    out[_FAILED] = 1 if failed else 0
+    out[_FAILED_RANK] = rank + 1 if failed else 0
+    out[_FAILED_SLOT] = failed_slot + 1 if failed else 0
+    out[_JOINED] = 1 if joined else 0
+
+
+class LaneOp:
+    """One bucket's sum: the whole flat buffer (the gradients, their flags, the check
+    words), of which the first ``scaled`` elements are multiplied by ``scale`` after."""
+    __slots__ = ("handle", "buf", "scaled", "scale", "step", "name", "names", "pending",
+                 "started_at", "joined", "failed_slot", "warned", "position")
+
+    def __init__(self, buf: np.ndarray, scaled: int, scale: float, step: int = 0,
+                 name: str = "", names: Sequence[str] = (),
+                 failed_slot: Optional[int] = None, joined: bool = False) -> None:
+        """``step``: the optimizer's steps so far, as this rank counts them; ``name``:
+        the bucket's; ``names``: its gradients' (for errors); ``failed_slot``: the
+        one this rank cannot reduce (see the module's docstring)."""
+        self.handle = -1
+        self.buf, self.scaled, self.scale, self.step = buf, scaled, scale, step
+        self.name, self.names = name, names
+        self.failed_slot, self.joined = failed_slot, joined
+        self.pending: Optional[Pending] = None
+        self.started_at = 0.0
+        self.warned = False
+        self.position = 0
+
+
+class Lane:
+    """One reducer's lane, on the engine's thread (ops arrive through ``queued``)."""
+
+    def __init__(self, name: str, set_id: int, channel: LaneChannel, rank: int, size: int,
+                 counts: Sequence[int], dtype: np.dtype) -> None:
+        self.name, self.set_id, self.rank, self.size = name, set_id, rank, size
+        self.channel, self.counts, self.dtype = channel, list(counts), dtype
+        self.queued: collections.deque[LaneOp] = collections.deque()   # user threads append
+        self.running: collections.deque[LaneOp] = collections.deque()
+        self.started = 0          # sums this rank started that were not void
+        self.joined_done = False  # every rank joined: this rank's zeros are done
+        self.key = (set_id, 0)    # (set, lanes opened on it before): alike on every rank
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queued or self.running)
+
+    def start_queued(self, now: float) -> None:
+        while self.queued:
+            self._start(self.queued.popleft(), now)
+
+    def _start(self, op: LaneOp, now: float) -> None:
+        position = op.position = self.started
+        check_words(op.step, position % len(self.counts), self.rank, op.failed_slot,
+                    op.joined, op.buf[-CHECK_WORDS:])
+        op.pending = self.channel.start_sum(op.buf)
+        op.started_at = now
+        self.started += 1
+        self.running.append(op)
+
+    def join_in(self, now: float) -> None:
+        """This rank has joined: zeros for the next sum, one at a time."""
+        if not self.running and not self.joined_done:
+            self.stand_in(now)
+
+    def stand_in(self, now: float) -> None:
+        """Zeros for the next sum, counted as a joined rank's."""
+        buf = np.zeros(self.counts[self.started % len(self.counts)], self.dtype)
+        self._start(LaneOp(buf, 0, 1.0, joined=True), now)
+
+    def finished(self) -> list[tuple[LaneOp, Optional[HvdliteError]]]:
+        """The sums that are complete, in order, each checked (with its error: the
+        check words differ between ranks, or a rank failed it) and scaled. Every
+        rank sees the same sums, so every rank fails the same ones; the lane goes on
+        (each rank still sums every bucket of every step, in order)."""
+        done: list[tuple[LaneOp, Optional[HvdliteError]]] = []
+        while self.running and self.running[0].pending.Test():
+            op = self.running.popleft()
+            words = op.buf[-CHECK_WORDS:]
+            joined = int(words[_JOINED])
+            if joined == self.size:        # only joined ranks: void everywhere
+                self.started -= 1
+                self.joined_done = True
+                continue
+            if op.joined:
+                continue
+            tags = words[:STEP_BITS + INDEX_BITS]
+            if np.any((tags != 0) & (tags != self.size - joined)):
+                done.append((op, StepMismatchError(
+                    f"rank {self.rank}: the ranks reduced the gradients of different "
+                    f"steps together in bucket '{op.name}' (this rank is at step "
+                    f"{op.step}): a rank skipped an optimizer step, or took one more. "
+                    "Every rank must step as often as the others; these gradients were "
+                    "not handed back.", op.step)))
+            elif words[_FAILED] != 0:
+                done.append((op, self._failed(op, words)))
+            else:
+                if op.scale != 1.0:
+                    view = op.buf[:op.scaled]
+                    np.multiply(view, op.scale, out=view)
+                done.append((op, None))
+        return done
+
+    def _failed(self, op: LaneOp, words: np.ndarray) -> HvdliteError:
+        if words[_FAILED] == 1 and op.names:
+            rank, slot = int(words[_FAILED_RANK]) - 1, int(words[_FAILED_SLOT]) - 1
+            what = f"on rank {rank}: the gradient of '{op.names[slot]}'"
+        else:
+            what = f"on {int(words[_FAILED])} ranks: a gradient"
+        return UsageError(
+            f"rank {self.rank}: {what} no longer fits its bucket '{op.name}', laid out "
+            "for the parameters as they were (that rank's own error says how). "
+            "Make the optimizer again after changing the model's parameters, on every "
+            "rank")
+
+    def stalled(self, now: float, check_s: float, shutdown_s: float) -> Optional[str]:
+        """A message once the oldest sum waited past the stall times (None otherwise);
+        logged once past ``check_s``, returned past ``shutdown_s`` (if > 0)."""
+        if not self.running or check_s <= 0:
+            return None
+        op = self.running[0]
+        waited = now - op.started_at
+        if waited < check_s:
+            return None
+        message = (f"rank {self.rank}: bucket '{op.name}' (step {op.step}, on "
+                   f"lane '{self.name}') has waited {waited:.0f} s "
+                   "for the other ranks' part. Are all ranks stepping the same optimizers, "
+                   "in the same order, as often?")
+        if not op.warned:
+            op.warned = True
+            _log.warning("%s", message)
+        return message if 0 < shutdown_s <= waited else None
+
+
+class StepMismatchError(MismatchError):
+    """Ranks summed different steps together on a lane; ``step`` is this rank's (the
+    reducer gathers every rank's to name them)."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
