@@ -41,9 +41,8 @@ class Lane:
     def submit(self, buf: Any, scaled: int, scale: float, step: int, name: str,
                names: Sequence[str], failed_slot: Optional[int] = None) -> int:
         """Start summing ``buf`` (the flat buffer of bucket ``name``, of the gradients
-        ``names``, at optimizer step ``step``);
-        its first ``scaled`` elements are then multiplied by ``scale``. ``failed_slot``:
-        the gradient this rank cannot reduce (every rank's handle then fails, naming
-        it). Returns a handle."""
-        return self._engine.submit_lane(self.lane_id,
-                                        LaneOp(buf, scaled, scale, step, name, names, failed_slot))
+        ``names``, at optimizer step ``step``); its first ``scaled`` elements are then
+        multiplied by ``scale``. ``failed_slot``: the gradient this rank cannot reduce
+        (every rank's handle then fails, naming it). Returns a handle."""
+        op = LaneOp(buf, scaled, scale, step, name, names, failed_slot)
+        return self._engine.submit_lane(self.lane_id, op)

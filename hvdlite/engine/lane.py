@@ -89,15 +89,17 @@ class LaneOp:
 class Lane:
     """One reducer's lane, on the engine's thread (ops arrive through ``queued``)."""
 
-    def __init__(self, name: str, set_id: int, channel: LaneChannel, rank: int, size: int,
-                 counts: Sequence[int], dtype: np.dtype) -> None:
-        self.name, self.set_id, self.rank, self.size = name, set_id, rank, size
+    def __init__(self, name: str, key: tuple[int, int], channel: LaneChannel, rank: int,
+                 size: int, counts: Sequence[int], dtype: np.dtype) -> None:
+        """``key``: (its process set, lanes opened on that set before it), alike on every
+        rank of the set."""
+        self.name, self.key, self.rank, self.size = name, key, rank, size
+        self.set_id = key[0]
         self.channel, self.counts, self.dtype = channel, list(counts), dtype
         self.queued: collections.deque[LaneOp] = collections.deque()   # user threads append
         self.running: collections.deque[LaneOp] = collections.deque()
         self.started = 0          # sums this rank started that were not void
         self.joined_done = False  # every rank joined: this rank's zeros are done
-        self.key = (set_id, 0)    # (set, lanes opened on it before): alike on every rank
 
     @property
     def busy(self) -> bool:
@@ -149,7 +151,7 @@ class Lane:
                     f"steps together in bucket '{op.name}' (this rank is at step "
                     f"{op.step}): a rank skipped an optimizer step, or took one more. "
                     "Every rank must step as often as the others; these gradients were "
-                    "not handed back.", op.step)))
+                    "not handed back.")))
             elif words[_FAILED] != 0:
                 done.append((op, self._failed(op, words)))
             else:
@@ -191,9 +193,5 @@ class Lane:
 
 
 class StepMismatchError(MismatchError):
-    """Ranks summed different steps together on a lane; ``step`` is this rank's (the
-    reducer gathers every rank's to name them)."""
-
-    def __init__(self, message: str, step: int) -> None:
-        super().__init__(message)
-        self.step = step
+    """Ranks summed different steps together on a lane (the reducer then gathers every
+    rank's step to name them)."""

@@ -58,9 +58,9 @@ class Lanes:
         if self._closing:
             self._close_idle()
         lane_id, self._next = self._next, self._next + 1
-        lane = self._lanes[lane_id] = Lane(name, set_id, channel, rank, size, counts, dtype)
-        lane.key = (set_id, self._opened.get(set_id, 0))   # alike on the set's ranks
-        self._opened[set_id] = lane.key[1] + 1
+        key = (set_id, self._opened.get(set_id, 0))
+        self._opened[set_id] = key[1] + 1
+        self._lanes[lane_id] = Lane(name, key, channel, rank, size, counts, dtype)
         return lane_id
 
     def close(self, lane_id: int) -> None:
@@ -70,10 +70,8 @@ class Lanes:
         self._closing.append(lane_id)
 
     def submit(self, lane_id: int, op: LaneOp) -> None:
-        lane = self._lanes.get(lane_id)
-        if lane is None:
-            raise HvdliteError(f"lane {lane_id} is closed: its reducer was laid out again")
-        lane.queued.append(op)
+        """(A lane is closed only once its reducer is gone: none submits to it then.)"""
+        self._lanes[lane_id].queued.append(op)
 
     @property
     def busy(self) -> bool:
@@ -89,7 +87,7 @@ class Lanes:
         completed = 0
         if self._closing:
             self._close_idle()
-        for lane in list(self._lanes.values()):
+        for lane in self._lanes.values():
             lane.start_queued(now)
             if joined:
                 lane.join_in(now)

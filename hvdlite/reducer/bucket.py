@@ -29,7 +29,7 @@ class Bucket:
         self.offsets = [sum(counts[:slot]) for slot in range(len(counts))]
         self.counts = counts
         dtype, device = specs[members[0]][2:]
-        total = sum(counts)
+        total = self.total = sum(counts)      # the gradients' elements
         # The gradients, then one flag per gradient (see the module's docstring), then
         # the check words of a lane.
         self.flat = (None if buffers is None
@@ -57,7 +57,7 @@ class Bucket:
                 spans = [(offset, count) for slot, (offset, count)
                          in enumerate(zip(self.offsets, self.counts)) if slot not in self.evicted]
                 if spans:         # the flags, unless every gradient is reduced elsewhere
-                    spans.append((sum(self.counts), self.size - sum(self.counts)))
+                    spans.append((self.total, self.size - self.total))
                 for offset, count in spans:
                     if runs and runs[-1][1] == offset:
                         runs[-1][1] = offset + count

@@ -140,7 +140,7 @@ class Reducer:
         while self._lane_next < len(buckets) and buckets[self._lane_next].inflight is not None:
             bucket = buckets[self._lane_next]
             self._lane_next += 1
-            handle = self._lane.submit(arrays[bucket.index], sum(bucket.counts), scale,
+            handle = self._lane.submit(arrays[bucket.index], bucket.total, scale,
                                        self.steps, bucket.name, bucket.names,
                                        bucket.failed_slot)
             bucket.inflight.append((handle, bucket.flat, bucket.flat, None))
@@ -278,7 +278,7 @@ class Reducer:
             recorder = runtime.RUNTIME.recorder
             if recorder is not None:
                 itemsize = to_dtype(self._dtypes[bucket.members[0]]).itemsize
-                recorder.unreduced(sum(bucket.counts) * itemsize)
+                recorder.unreduced(bucket.total * itemsize)
             return
         if self._lane is not None:
             if not bucket.evicted:
