@@ -156,7 +156,7 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
 	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
 	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py \
-	test_local_sgd.py)
+	test_local_sgd.py test_lane.py)
 # At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
 # join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
 # stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).

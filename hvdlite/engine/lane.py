@@ -3,7 +3,8 @@
 Once a reducer's layout is agreed, it opens a lane: one negotiated request
 (``Kind.OPEN_LANE``) that every rank of its process set runs at the same point, and
 that gives the lane a channel of its own (``Transport.lane_channel``: MPI, a duplicated
-communicator; torch, a Gloo group) and the sizes of its buckets. From then on the
+communicator; torch, segments of the node's shared memory or a Gloo group) and the sizes
+of its buckets. From then on the
 reducer hands each step's buckets over in index order, and the engine starts each at
 once, in place, as one sum on that channel: no round, no fusion plan, no backend
 choice, no copy. Sums on a channel match in the order each rank starts them, so the

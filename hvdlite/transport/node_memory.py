@@ -85,20 +85,38 @@ class NodeMemory:
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         """``buf`` (contiguous) reduced in place with ``op`` across the ranks."""
+        ufunc = UFUNCS[op]
+        for chunk in self.chunks(buf):
+            views = self.post(chunk)
+            self.await_peers()
+            self.reduce_slice(views, chunk.size, ufunc)
+            self.await_peers()
+            self.copy_back(views, chunk)
+
+    # The steps of one chunk (the module's docstring), each without waiting; between
+    # them every rank must have arrived (``late`` is empty): ``allreduce`` waits for
+    # that, a lane's sum (hvdlite/transport/node_lane.py) tests it.
+    def chunks(self, buf: np.ndarray) -> list[np.ndarray]:
         flat = buf.reshape(-1)
         per_chunk = self._half // flat.itemsize
-        for start in range(0, flat.size, per_chunk):
-            self._reduce_chunk(flat[start: start + per_chunk], UFUNCS[op])
+        return [flat[start: start + per_chunk] for start in range(0, flat.size, per_chunk)]
 
-    def _reduce_chunk(self, chunk: np.ndarray, ufunc: np.ufunc) -> None:
+    def post(self, chunk: np.ndarray) -> list[np.ndarray]:
+        """Step 1: the chunk into this rank's segment, then arrive; every rank's view of
+        the half it went to."""
         half, self._next_half = self._next_half, 1 - self._next_half
         begin = half * self._half
         views = [h[begin: begin + chunk.nbytes].view(chunk.dtype) for h in self._halves]
         views[self.rank][...] = chunk
         self._arrive()
-        lo, hi = self._slice(chunk.size, self.rank)
+        return views
+
+    def reduce_slice(self, views: list[np.ndarray], count: int, ufunc: np.ufunc) -> None:
+        """Step 2: this rank's slice of every rank's chunk reduced in rank order into its
+        own segment, then arrive."""
+        lo, hi = self._slice(count, self.rank)
         parts = [view[lo:hi] for view in views]
-        scratch = self._scratch[: (hi - lo) * chunk.itemsize].view(chunk.dtype)
+        scratch = self._scratch[: (hi - lo) * views[0].itemsize].view(views[0].dtype)
         total = parts[0]
         for k in range(1, self.size):
             # In rank order; the running total goes to this rank's own part once that
@@ -107,9 +125,22 @@ class NodeMemory:
             ufunc(total, parts[k], out=into)
             total = into
         self._arrive()
+
+    def copy_back(self, views: list[np.ndarray], chunk: np.ndarray) -> None:
+        """Step 3: every slice k from rank k's segment."""
         for k, view in enumerate(views):
             lo, hi = self._slice(chunk.size, k)
             chunk[lo:hi] = view[lo:hi]
+
+    def late(self) -> list[int]:
+        """The ranks that have not arrived where this one has."""
+        arrivals, counters = self._arrivals, self._counters
+        return [k for k in range(self.size) if counters[k][0] < arrivals]
+
+    def await_peers(self) -> None:
+        late = self.late()
+        if late:
+            self._await(late, self._arrivals)
 
     def _slice(self, count: int, k: int) -> tuple[int, int]:
         return count * k // self.size, count * (k + 1) // self.size
@@ -118,9 +149,6 @@ class NodeMemory:
         self._arrivals += 1
         self._counters[self.rank][0] = self._arrivals
         self._arrival_words[self.rank].wake()
-        late = [k for k in range(self.size) if self._counters[k][0] < self._arrivals]
-        if late:
-            self._await(late, self._arrivals)
 
     def _await(self, late: list[int], arrivals: int) -> None:
         """Until every rank of ``late`` has arrived ``arrivals`` times: yielding the core
@@ -142,13 +170,13 @@ class NodeMemory:
             late = [k for k in late if counters[k][0] < arrivals]
             now = time.monotonic()
             if late and now >= next_check:
-                self._check_peers(late, now - started)
+                self.check_peers(late, now - started)
                 # On the engine's thread, its liveness tick: a late peer that stopped
                 # answering is named after HVDLITE_PEER_TIMEOUT (hvdlite/transport/waits.py).
                 waits.tick_if_watched(started, now)
                 next_check = now + CHECK_S
 
-    def _check_peers(self, late: Sequence[int], waited_s: float) -> None:
+    def check_peers(self, late: Sequence[int], waited_s: float) -> None:
         for k in late:
             if process_state(self._peers[k]) == EXITED:
                 raise PeerLostError(

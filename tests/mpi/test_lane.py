@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 import hvdlite.torch as hvd  # noqa: E402
 from hvdlite.api import runtime  # noqa: E402
 from hvdlite.api.control import reconfigure  # noqa: E402
-from hvdlite.transport.base import TransportKind  # noqa: E402
 from tests.mpi.conftest import assert_identical_everywhere, submissions  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,11 +23,10 @@ _RESULTS: dict[bool, list["torch.Tensor"]] = {}     # the join test's, by path
 
 @pytest.fixture(params=[True, False], ids=["lane", "negotiated"])
 def lane(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """HVDLITE_LANE on or off for the test; whether buckets go on a lane, then: every
-    host transport but one, torch's over the node's shared memory (torchrun here)."""
+    """HVDLITE_LANE on or off for the test (every host transport has a lane)."""
     previous = runtime.config().lane
     reconfigure(lane=request.param)
-    yield request.param and runtime.engine().transport.kind is TransportKind.MPI
+    yield request.param
     reconfigure(lane=previous)
 
 
