@@ -94,10 +94,12 @@ def _even_splits(rows: int, size: int, ndim: int) -> tuple[int, ...]:
     return tuple([rows // size] * size)
 
 
-def _check_splits(splits: Any, rows: int, size: int) -> tuple[int, ...]:
+def _check_splits(splits: Any, rows: int, size: int, name: str = "",
+                  kind: str = "alltoall") -> tuple[int, ...]:
     chosen = tuple(int(s) for s in np.asarray(splits).reshape(-1))
     if len(chosen) != size or min(chosen, default=0) < 0 or sum(chosen) != rows:
-        raise UsageError(f"alltoall splits {list(chosen)} must be {size} non-negative "
+        named = f" '{name}'" if name else ""
+        raise UsageError(f"{kind}{named} splits {list(chosen)} must be {size} non-negative "
                          f"row counts summing to the first dimension {rows}")
     return chosen
 
@@ -129,7 +131,10 @@ def alltoall_async(adapter: TensorAdapter, tensor: Any, splits: Any = None,
 
 def reducescatter_async(adapter: TensorAdapter, tensor: Any, name: Optional[str] = None,
                         op: Optional[int] = None, process_set: Optional[ProcessSet] = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        splits: Optional[Sequence[int]] = None) -> int:
+    """``splits``: the rows each rank of the set receives, alike on every rank (default:
+    as even as can be, the first ranks one more)."""
     call = Call(Kind.REDUCESCATTER, name, process_set)
     try:
         reduction = reduce_op(op)
@@ -142,12 +147,15 @@ def reducescatter_async(adapter: TensorAdapter, tensor: Any, name: Optional[str]
                              "(Horovod refuses it too); use allreduce(op=Adasum)")
         prescale = check_scale(prescale_factor, "prescale_factor")
         postscale = check_scale(postscale_factor, "postscale_factor")
+        chosen = (None if splits is None
+                  else _check_splits(splits, source.array.shape[0], call.set_size, call.name,
+                                     "reducescatter"))
     except ARGUMENT_ERRORS as error:
         call.mark(error)
         raise
     return call.submit(source.array, finish=returning(adapter, tensor, False),
                        op=int(reduction), prescale=prescale, postscale=postscale,
-                       **source.fields())
+                       splits=chosen, **source.fields())
 
 
 def _group_base(name: Optional[str], kind: str, process_set: Optional[ProcessSet]) -> str:

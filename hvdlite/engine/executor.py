@@ -308,7 +308,7 @@ class Executor:
         rank, size = self._geometry[set_id]
         rows = desc.shape[0] if desc.shape else 1
         row_elems = int(np.prod(desc.shape[1:], dtype=np.int64))
-        my_rows = even_counts(rows, size)
+        my_rows = list(desc.splits) if desc.splits is not None else even_counts(rows, size)
         counts = [r * row_elems for r in my_rows]
         xp = array_namespace(desc.device)
         dtype = to_dtype(desc.dtype)

@@ -21,7 +21,7 @@ from hvdlite.negotiation.requests import Descriptor, Kind, ReduceOp, Response
 # without its first dimension, which may differ per rank.
 _COMPARED: dict[Kind, tuple[str, ...]] = {
     Kind.ALLREDUCE: ("device", "dtype", "parts", "shape", "op", "prescale", "postscale"),
-    Kind.REDUCESCATTER: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Kind.REDUCESCATTER: ("device", "dtype", "shape", "op", "prescale", "postscale", "splits"),
     Kind.BROADCAST: ("device", "dtype", "shape", "root"),
     Kind.ALLGATHER: ("device", "dtype", "trailing_shape"),
     Kind.ALLTOALL: ("device", "dtype", "trailing_shape"),

@@ -29,6 +29,7 @@ from hvdlite.torch.mpi_ops import (
     synchronize, poll, join, barrier, sparse_allreduce_async)
 from hvdlite.torch.optimizer import DistributedOptimizer
 from hvdlite.torch.local_sgd import PeriodicModelAverager, PostLocalSGDOptimizer
+from hvdlite.torch.zero import ZeroRedundancyOptimizer
 from hvdlite.torch import adasum_optimizer as _adasum_optimizer  # noqa: F401  registers op=Adasum
 from hvdlite.torch.sync_batch_norm import SyncBatchNorm
 from hvdlite.torch import elastic
@@ -38,4 +39,4 @@ from hvdlite.torch import compression, mpi_ops  # noqa: F401
 __all__ = list(_OP_NAMES) + list(_hvd.COMMON_NAMES) + [
     "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
     "broadcast_optimizer_state", "sparse_allreduce_async", "PeriodicModelAverager",
-    "PostLocalSGDOptimizer"]
+    "PostLocalSGDOptimizer", "ZeroRedundancyOptimizer"]

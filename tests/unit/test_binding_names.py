@@ -288,7 +288,9 @@ _WHOLE_OP_SET = _reasons("every binding has the factory's whole op set (OP_NAMES
 ADDED: dict[str, dict[str, str]] = {
     "hvdlite.torch": {**_RUNTIME_ADDED,
                       "PeriodicModelAverager": "local SGD, as torch names it (beyond Horovod)",
-                      "PostLocalSGDOptimizer": "local SGD, as torch names it (beyond Horovod)"},
+                      "PostLocalSGDOptimizer": "local SGD, as torch names it (beyond Horovod)",
+                      "ZeroRedundancyOptimizer": "optimizer state sharded across ranks, as "
+                                                 "torch names it (beyond Horovod)"},
     "hvdlite.torch.mpi_ops": _RUNTIME_ADDED,
     "hvdlite.tensorflow": {**_WHOLE_OP_SET, **_RUNTIME_ADDED,
                            "XlaCompileError": "raised when a collective is traced into XLA"},

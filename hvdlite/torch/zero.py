@@ -1,0 +1,337 @@
+"""``ZeroRedundancyOptimizer``: the optimizer's state sharded across the ranks (ZeRO
+stages 1 and 2), with torch's signature and methods, in place of
+``DistributedOptimizer`` in a training loop.
+
+Every element of every parameter has one owner (zero_layout.py: flat spaces split
+into even ranges). Each step:
+
+1. which parameters have a gradient on any rank (one small allreduce): one that no
+   rank has is skipped, as in one process (a frozen or unused layer: Adam does not
+   move it);
+2. the gradients are reduced **to their owners only**: a reduce-scatter per chunk of
+   each space, with each rank's part as its count, averaged;
+3. the wrapped optimizer steps this rank's pieces only: views into the parameters'
+   own memory, so it updates them in place, and its state is this rank's share;
+4. the updated pieces are gathered to every rank (an allgather per chunk, the same
+   chunks), and copied into the parameters.
+
+Every element is written by its one owner and copied to the others, so every rank
+holds bitwise the same parameters by construction. The wrapped optimizer sees each
+piece as a flat run of elements, so it must act element by element (SGD, Adam,
+AdamW, RMSprop, Adagrad and the like); one that reads a whole tensor (a norm, as
+LAMB does) would see parts.
+
+Checkpoints (zero_state.py): ``consolidate_state_dict(to)`` gathers the state to one
+rank in the plain optimizer's format, which loads into ``optimizer_class`` over the
+same parameters, and into a ZeroRedundancyOptimizer at any world size.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import weakref
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from hvdlite.api import collectives, runtime, submission
+from hvdlite.api.process_set import ProcessSet, global_process_set
+from hvdlite.api.variable_check import check_same_variables
+from hvdlite.config_values import ONE_BUCKET
+from hvdlite.errors import NotSupportedError, UsageError
+from hvdlite.reduce_op import ReduceOp
+from hvdlite.torch import zero_state
+from hvdlite.torch.adapter import TORCH
+from hvdlite.torch.mpi_ops import Max, allreduce, synchronize
+from hvdlite.torch.zero_layout import Space, lay_out
+
+MAX_CHUNK_BYTES = 25 << 20     # a chunk where HVDLITE_BUCKET_BYTES asks for one bucket
+IN_FLIGHT = 2                  # chunks reduced or gathered at once, each a chunk of memory
+_SPARSE = 2.0                  # a gradient's flag: 1 dense, 2 sparse (refused)
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """torch's ``ZeroRedundancyOptimizer(params, optimizer_class, **defaults)``, with
+    Horovod's ``process_set`` in place of ``process_group``: collective, every rank of
+    the set makes one with the same parameters, in the same order."""
+
+    def __init__(self, params: Iterable[Any], optimizer_class: type,
+                 process_set: ProcessSet = global_process_set, *, process_group: Any = None,
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False,
+                 **defaults: Any) -> None:
+        """torch's ``parameters_as_bucket_view`` is taken and changes nothing (the
+        parameters keep their own memory; gradients live in flat buffers here anyway);
+        ``overlap_with_ddp`` and a torch ``process_group`` are refused: there is no DDP
+        under hvdlite, and its ranks are a ``process_set``."""
+        self._built = False
+        if process_group is not None or not isinstance(process_set, ProcessSet):
+            raise UsageError(
+                f"rank {runtime.rank()}: ZeroRedundancyOptimizer takes process_set= (an "
+                "hvdlite ProcessSet, registered with add_process_set), not a torch process "
+                f"group: got {process_group if process_group is not None else process_set!r}")
+        if overlap_with_ddp:
+            raise NotSupportedError(
+                f"rank {runtime.rank()}: ZeroRedundancyOptimizer(overlap_with_ddp=True) needs "
+                "torch's DDP; under hvdlite it replaces DDP and DistributedOptimizer, so drop "
+                "the DDP wrapper and the flag")
+        super().__init__(params, defaults)
+        if not process_set.included():
+            raise UsageError(
+                f"rank {runtime.rank()}: ZeroRedundancyOptimizer's process set "
+                f"{process_set.ranks} does not hold this rank; make it on the set's ranks "
+                "only, each with the same parameters")
+        self.optimizer_class, self.process_set = optimizer_class, process_set
+        # Counted per set (only its ranks make one): named alike on every rank of it.
+        set_id = submission.set_ranks(process_set)[0]
+        self._what = runtime.next_name(set_id, "ZeroRedundancyOptimizer")[0]
+        self._consolidated: Optional[dict[str, Any]] = None
+        self._layouts = 0            # layouts made so far: names each one's exchange
+        self._build()
+
+    # -- layout ---------------------------------------------------------------------------
+    def _build(self) -> None:
+        """Lay the parameters out (agreed by every rank) and make the wrapped optimizer
+        over this rank's pieces, one group per group."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        check_same_variables([(f"parameter {i}", tuple(p.shape), str(p.dtype).split(".")[-1])
+                              for i, p in enumerate(params)], self._what, self.process_set,
+                             name=f"{self._what}.layout.{self._layouts}")
+        self._layouts += 1
+        with torch.no_grad():
+            for param in params:
+                if not param.is_contiguous():     # pieces are views of its memory
+                    param.data = param.data.contiguous()
+        self._params = params
+        self._spaces = lay_out(params, self.process_set.rank(), self.process_set.size(),
+                               _chunk_bytes(runtime.config().bucket_bytes))
+        group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
+        self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
+        self._grad_views = self._gradient_buffers()
+        local_groups = [{**_hyper(group), "params": []} for group in self.param_groups]
+        for space in self._spaces:
+            for piece in space.pieces:
+                tensor = self._view(piece)
+                self._pieces.append((space, piece, tensor))
+                local_groups[group_of[piece.position]]["params"].append(tensor)
+        self._local = self.optimizer_class(local_groups, **self.defaults)
+        for group, local in zip(self.param_groups, self._local.param_groups):
+            for key, value in local.items():    # the wrapped optimizer's defaults, shown
+                if key != "params":
+                    group.setdefault(key, value)
+        self._built = True
+
+    def _gradient_buffers(self) -> list[torch.Tensor]:
+        """Each parameter's gradient as a view of its space's flat buffer, and a hook
+        that moves a new gradient there as soon as backward has made it (the one
+        autograd made is freed at once: gradients take the memory of one model, as
+        DistributedOptimizer's buckets do). Autograd then accumulates in place."""
+        for handle in getattr(self, "_hooks", ()):
+            handle.remove()
+        views: list[Any] = [None] * len(self._params)
+        self._flat_grads = []
+        for space in self._spaces:
+            flat = torch.zeros(space.total, dtype=space.dtype, device=space.device)
+            self._flat_grads.append(flat)
+            for position, offset, numel in zip(space.positions, space.offsets, space.numels):
+                views[position] = flat[offset:offset + numel].view_as(self._params[position])
+        me = weakref.ref(self)
+
+        def into_view(param: torch.Tensor, position: int) -> None:
+            # Only while this layout is the optimizer's (a new one has hooks of its own).
+            optimizer = me()
+            if (optimizer is not None and optimizer._grad_views is views
+                    and optimizer._params[position] is param):
+                optimizer._into_view(param, position)
+        self._hooks = [param.register_post_accumulate_grad_hook(
+                           functools.partial(into_view, position=position))
+                       for position, param in enumerate(self._params) if param.requires_grad]
+        return views
+
+    def _into_view(self, param: torch.Tensor, position: int) -> None:
+        """``param.grad`` copied into its view of the flat gradients, which it becomes;
+        none: the view holds zeros for the reduction, and ``.grad`` stays None (a
+        frozen layer must not look as if it had a gradient at the next step)."""
+        view, grad = self._grad_views[position], param.grad
+        if grad is view or (grad is not None and grad.is_sparse):   # sparse: step() refuses
+            return
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()
+                return
+            view.copy_(grad)
+        param.grad = view
+
+    def _view(self, piece: Any) -> torch.Tensor:
+        """A leaf over the piece's elements of its parameter (no gradient needed: a
+        tensor that needs none is a leaf, and the optimizer updates it in place)."""
+        return self._params[piece.position].detach().view(-1)[piece.start:piece.stop]
+
+    def _refresh_views(self) -> None:
+        """A parameter given new memory (``param.data = ...``) since: its pieces follow it,
+        keeping their identity (the wrapped optimizer's state is keyed by them)."""
+        for _, piece, tensor in self._pieces:
+            param = self._params[piece.position]
+            if tensor.data_ptr() != param.data_ptr() + piece.start * param.element_size():
+                tensor.data = self._view(piece)
+
+    # -- a step ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._refresh_views()
+        anywhere = self._gradients_anywhere()
+        self._reduce_scatter(anywhere)
+        for group, local in zip(self.param_groups, self._local.param_groups):
+            local.update(_hyper(group))        # a scheduler changes the user's groups
+        self._local.step()
+        self._allgather(anywhere)
+        for _, _, tensor in self._pieces:
+            tensor.grad = None
+        return loss
+
+    def _gradients_anywhere(self) -> list[bool]:
+        flags = torch.tensor([0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
+                              for p in self._params], dtype=torch.float32)
+        found = allreduce(flags, op=Max, name=f"{self._what}.gradients",
+                          process_set=self.process_set) if len(flags) else flags
+        sparse = [i for i, flag in enumerate(found.tolist()) if flag == _SPARSE]
+        if sparse:
+            mine = [i for i in sparse if self._params[i].grad is not None
+                    and self._params[i].grad.is_sparse]
+            where = "this rank" if mine else "another rank"
+            raise UsageError(
+                f"rank {runtime.rank()}: {self._what}: parameter {sparse[0]} has a sparse "
+                f"gradient on {where}; ZeroRedundancyOptimizer shards dense gradients only "
+                "(use DistributedOptimizer, or an embedding with sparse=False)")
+        return [flag != 0.0 for flag in found.tolist()]
+
+    def _reduce_scatter(self, anywhere: list[bool]) -> None:
+        """Each chunk's gradients averaged into its owners' parts; the pieces' ``.grad``
+        views of this rank's parts (None where no rank had a gradient)."""
+        for position, param in enumerate(self._params):
+            if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
+                self._into_view(param, position)
+        parts: dict[tuple[int, int], torch.Tensor] = {}
+        started: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
+        for space, flat in zip(self._spaces, self._flat_grads):
+            for k, chunk in enumerate(space.chunks):
+                if not any(anywhere[p] for p in chunk.positions):
+                    continue
+                # In flight, each takes a chunk's copy in the engine: a few at a time.
+                started.append(((space.index, k), collectives.reducescatter_async(
+                    TORCH, flat[chunk.start:chunk.stop],
+                    name=f"{self._what}.grads.{space.index}.{k}", op=int(ReduceOp.AVERAGE),
+                    process_set=self.process_set, splits=chunk.counts)))
+                if len(started) == IN_FLIGHT:
+                    key, handle = started.popleft()
+                    parts[key] = synchronize(handle)
+        for key, handle in started:
+            parts[key] = synchronize(handle)
+        for space, piece, tensor in self._pieces:
+            if anywhere[piece.position]:
+                begin = piece.offset - space.chunks[piece.chunk].mine[0]
+                part = parts[(space.index, piece.chunk)]
+                tensor.grad = part[begin:begin + piece.stop - piece.start]
+
+    def _allgather(self, anywhere: list[bool]) -> None:
+        """Every chunk that held a stepped parameter, from its owners to every rank: each
+        rank sends its part of the chunk straight from the parameter where one piece is
+        all of it, else the pieces joined. At most IN_FLIGHT chunks are under way:
+        each brings a whole chunk, and all of them at once would be the model's size
+        again."""
+        by_chunk: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for space, piece, tensor in self._pieces:
+            by_chunk.setdefault((space.index, piece.chunk), []).append(tensor)
+        chunks = [(space, k, chunk) for space in self._spaces
+                  for k, chunk in enumerate(space.chunks)
+                  if any(anywhere[p] for p in chunk.positions)]
+        started: collections.deque[tuple[Space, Any, int]] = collections.deque()
+        for space, k, chunk in chunks:
+            mine = by_chunk.get((space.index, k), [])
+            part = (mine[0] if len(mine) == 1 else torch.cat(mine) if mine else
+                    torch.empty(0, dtype=space.dtype, device=space.device))
+            started.append((space, chunk, collectives.allgather_async(
+                TORCH, part, f"{self._what}.params.{space.index}.{k}", self.process_set)))
+            if len(started) == IN_FLIGHT:
+                self._gathered(*started.popleft())
+        while started:
+            self._gathered(*started.popleft())
+
+    def _gathered(self, space: Space, chunk: Any, handle: int) -> None:
+        flat = synchronize(handle)
+        for position in chunk.positions:
+            target, source = _overlap(space, chunk, position, flat, self._params)
+            self._params[position].view(-1)[source] = target
+
+    # -- torch's other methods --------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Collective once made: the layout is made again, every rank's state kept."""
+        if not getattr(self, "_built", False):
+            super().add_param_group(param_group)
+            return
+        state = zero_state.gather(self, keep=True)
+        super().add_param_group(param_group)
+        self._build()
+        state["param_groups"] = zero_state.groups(self)     # the new one added, no state
+        zero_state.load(self, state)
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Collective: the whole state gathered to rank ``to`` of the process set, for its
+        ``state_dict()``."""
+        self._consolidated = zero_state.gather(self, keep=self.process_set.rank() == to)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plain ``optimizer_class``'s state dict over the same parameters, on the rank
+        ``consolidate_state_dict`` gathered to."""
+        if self._consolidated is None:
+            raise UsageError(
+                f"rank {runtime.rank()}: {self._what}: state_dict() is on the rank that "
+                "consolidate_state_dict(to=...) gathered to; call consolidate_state_dict() "
+                "on every rank first")
+        consolidated, self._consolidated = self._consolidated, None
+        return consolidated
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Collective: a whole state dict (``state_dict()``'s, or the plain optimizer's),
+        each rank keeping its share; from any world size."""
+        zero_state.load(self, state_dict)
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Asked by ``GradScaler.step`` on every rank before it decides to skip: refused
+        there, on every rank alike. Its verdict would come from each rank's own
+        gradients, which only the owners see averaged here, so a rank whose batch
+        overflowed would skip the step alone."""
+        raise NotSupportedError(
+            f"rank {runtime.rank()}: {self._what}: torch.amp.GradScaler is not supported "
+            "with ZeroRedundancyOptimizer yet (its skip decision would differ between "
+            "ranks). Use bfloat16 autocast without a scaler, or DistributedOptimizer")
+
+    @property
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer, over this rank's pieces."""
+        return self._local
+
+
+def _chunk_bytes(bucket_bytes: int) -> int:
+    """HVDLITE_BUCKET_BYTES, but never one bucket of everything (the default where ranks
+    share cores, to save rounds): here a chunk in flight is memory on top of the model,
+    and one of the model's size would take back what the shards save."""
+    return MAX_CHUNK_BYTES if bucket_bytes >= ONE_BUCKET else bucket_bytes
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in group.items() if key != "params"}
+
+
+def _overlap(space: Space, chunk: Any, position: int, flat: torch.Tensor,
+             params: list[torch.Tensor]) -> tuple[torch.Tensor, slice]:
+    """Where parameter ``position`` and ``chunk`` overlap: that part of ``flat`` (the
+    chunk's elements) and the slice of the parameter's flattened elements."""
+    offset = space.offset_of[position]
+    numel = params[position].numel()
+    start, stop = max(offset, chunk.start), min(offset + numel, chunk.stop)
+    return flat[start - chunk.start:stop - chunk.start], slice(start - offset, stop - offset)
