@@ -41,10 +41,11 @@ from bench.timing import seconds_per_call
 from bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_negotiated", "hvdlite_gloo", "autotune", "hvdlite_per_grad",
-           "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd", "no_comm")
-# The floors (bench/floor.py), local SGD and the lane off run when asked for by name.
+           "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd", "zero",
+           "no_comm")
+# The floors (bench/floor.py), local SGD, ZeRO and the lane off run when asked for by name.
 DEFAULT_METHODS = tuple(m for m in METHODS
-                        if not m.startswith(("fused_", "local_", "hvdlite_negotiated")))
+                        if not m.startswith(("fused_", "local_", "hvdlite_negotiated", "zero")))
 LOCAL_SGD_PERIOD = 8
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
 # instead of MPI. hvdlite_negotiated: hvdlite with HVDLITE_LANE=0 (every bucket agreed in a
@@ -54,7 +55,8 @@ LOCAL_SGD_PERIOD = 8
 # fused_negotiated: the hand-fused loop with its Allreduce handed to a helper thread, and
 # also agreed first in one negotiation round: the floor of any engine that turns a mismatch
 # into an error instead of a hang. local_sgd: hvdlite's PostLocalSGDOptimizer, the models
-# averaged every LOCAL_SGD_PERIOD steps instead of the gradients every step.
+# averaged every LOCAL_SGD_PERIOD steps instead of the gradients every step. zero:
+# hvdlite's ZeroRedundancyOptimizer over the same SGD, its state sharded across the ranks.
 # Ratios printed where both methods ran: (label, numerator, denominator).
 RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
           ("autotune/defaults", "autotune", "hvdlite"), ("defaults/DDP", "hvdlite", "ddp_gloo"),
@@ -66,10 +68,11 @@ RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autot
           ("lane-off/fused", "hvdlite_negotiated", "hand_fused"),
           ("local-sgd/no-comm", "local_sgd", "no_comm"),
           ("local-sgd/defaults", "local_sgd", "hvdlite"),
+          ("zero/defaults", "zero", "hvdlite"),
           ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
           ("gloo-transport/DDP", "hvdlite_gloo", "ddp_gloo"))
 WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd",
-           "no_comm")
+           "zero", "no_comm")
 WARMUP = 5
 
 
@@ -216,6 +219,20 @@ def _run_local_sgd(name: str, measured: Measured, seconds: float) -> float:
         hvd.shutdown()
 
 
+def _run_zero(name: str, measured: Measured, seconds: float) -> float:
+    import torch
+    import hvdlite.torch as hvd
+    hvd.init()
+    try:
+        model, data = build(name)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
+                                                momentum=0.9)
+        return measured.timed(_loop(name, model, optimizer, data), seconds)
+    finally:
+        hvd.shutdown()
+
+
 def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
     import torch
     import hvdlite.torch as hvd
@@ -256,7 +273,7 @@ def worker(argv: Sequence[str]) -> None:
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
                "fused_handoff": functools.partial(_run_hand_fused, floor="handoff"),
                "fused_negotiated": functools.partial(_run_hand_fused, floor="negotiated"),
-               "local_sgd": _run_local_sgd, "no_comm": _run_no_comm}
+               "local_sgd": _run_local_sgd, "zero": _run_zero, "no_comm": _run_no_comm}
     measured = Measured(comm, args.warmup_seconds)
     rate = runners[args.method](args.model, measured, args.seconds)
     result = measured.result(rate * BATCH[args.model] * comm.Get_size())
@@ -292,6 +309,7 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
              "fused_handoff": method("fused_handoff", "fused_handoff"),
              "fused_negotiated": method("fused_negotiated", "fused_negotiated"),
              "local_sgd": method("local_sgd", "local_sgd"),
+             "zero": method("zero", "zero"),
              "no_comm": method("no_comm", "no_comm")}
     methods = [every[name] for name in METHODS if name in chosen]
     if report_dir is not None:
