@@ -1,6 +1,6 @@
 """Entry point, from the repository root: ``python -m bench
-{allreduce|training|traffic|forecast-check|keras|gpu|local-sgd} [options]`` (README.md says what each
-measures). The scaling forecast itself is the library's: ``python -m hvdlite.forecast``."""
+{allreduce|training|traffic|forecast-check|keras|gpu|local-sgd|zero-memory} [options]``
+(README.md says what each measures). The scaling forecast itself is the library's: ``python -m hvdlite.forecast``."""
 from __future__ import annotations
 
 import sys
@@ -51,6 +51,16 @@ def _local_sgd(argv: Sequence[str]) -> None:
     local_sgd.main(argv)
 
 
+def _zero_memory(argv: Sequence[str]) -> None:
+    from bench import zero_memory
+    zero_memory.main(argv)
+
+
+def _zero_memory_worker(argv: Sequence[str]) -> None:
+    from bench import zero_memory
+    zero_memory.worker(argv)
+
+
 def _forecast_check(argv: Sequence[str]) -> None:
     from bench import forecast_check
     forecast_check.main(argv)
@@ -60,7 +70,8 @@ COMMANDS = {"allreduce": _allreduce, "allreduce-worker": _allreduce_worker,
             "training": training.main,
             "training-worker": training.worker, "traffic": _traffic,
             "forecast-check": _forecast_check, "keras": _keras,
-            "keras-worker": _keras_worker, "gpu": _gpu, "local-sgd": _local_sgd}
+            "keras-worker": _keras_worker, "gpu": _gpu, "local-sgd": _local_sgd,
+            "zero-memory": _zero_memory, "zero-memory-worker": _zero_memory_worker}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
