@@ -1,5 +1,6 @@
 """``ZeroRedundancyOptimizer``: the optimizer's state sharded across the ranks (ZeRO
-stages 1 and 2), with torch's signature and methods, in place of
+stage 1, with stage 2's reduce-scatter of the gradients to their owners; the gradients
+themselves stay whole on every rank), with torch's signature and methods, in place of
 ``DistributedOptimizer`` in a training loop.
 
 Every element of every parameter has one owner (zero_layout.py: flat spaces split
@@ -107,12 +108,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
         self._grad_views = self._gradient_buffers()
-        local_groups = [{**_hyper(group), "params": []} for group in self.param_groups]
+        local_groups = [{**zero_state.hyperparameters(group), "params": []}
+                        for group in self.param_groups]
         for space in self._spaces:
             for piece in space.pieces:
                 tensor = self._view(piece)
                 self._pieces.append((space, piece, tensor))
                 local_groups[group_of[piece.position]]["params"].append(tensor)
+        # This rank's pieces in each chunk, in order: its part of the chunk, joined.
+        self._pieces_by_chunk: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for space, piece, tensor in self._pieces:
+            self._pieces_by_chunk.setdefault((space.index, piece.chunk), []).append(tensor)
         self._local = self.optimizer_class(local_groups, **self.defaults)
         for group, local in zip(self.param_groups, self._local.param_groups):
             for key, value in local.items():    # the wrapped optimizer's defaults, shown
@@ -185,7 +191,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         anywhere = self._gradients_anywhere()
         self._reduce_scatter(anywhere)
         for group, local in zip(self.param_groups, self._local.param_groups):
-            local.update(_hyper(group))        # a scheduler changes the user's groups
+            local.update(zero_state.hyperparameters(group))   # a scheduler changes them
         self._local.step()
         self._allgather(anywhere)
         for _, _, tensor in self._pieces:
@@ -242,9 +248,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         all of it, else the pieces joined. At most IN_FLIGHT chunks are under way:
         each brings a whole chunk, and all of them at once would be the model's size
         again."""
-        by_chunk: dict[tuple[int, int], list[torch.Tensor]] = {}
-        for space, piece, tensor in self._pieces:
-            by_chunk.setdefault((space.index, piece.chunk), []).append(tensor)
+        by_chunk = self._pieces_by_chunk
         chunks = [(space, k, chunk) for space in self._spaces
                   for k, chunk in enumerate(space.chunks)
                   if any(anywhere[p] for p in chunk.positions)]
@@ -263,8 +267,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _gathered(self, space: Space, chunk: Any, handle: int) -> None:
         flat = synchronize(handle)
         for position in chunk.positions:
-            target, source = _overlap(space, chunk, position, flat, self._params)
-            self._params[position].view(-1)[source] = target
+            in_chunk, in_param = space.overlap(chunk, position)
+            self._params[position].view(-1)[in_param] = flat[in_chunk]
 
     # -- torch's other methods --------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -321,17 +325,3 @@ def _chunk_bytes(bucket_bytes: int) -> int:
     share cores, to save rounds): here a chunk in flight is memory on top of the model,
     and one of the model's size would take back what the shards save."""
     return MAX_CHUNK_BYTES if bucket_bytes >= ONE_BUCKET else bucket_bytes
-
-
-def _hyper(group: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in group.items() if key != "params"}
-
-
-def _overlap(space: Space, chunk: Any, position: int, flat: torch.Tensor,
-             params: list[torch.Tensor]) -> tuple[torch.Tensor, slice]:
-    """Where parameter ``position`` and ``chunk`` overlap: that part of ``flat`` (the
-    chunk's elements) and the slice of the parameter's flattened elements."""
-    offset = space.offset_of[position]
-    numel = params[position].numel()
-    start, stop = max(offset, chunk.start), min(offset + numel, chunk.stop)
-    return flat[start - chunk.start:stop - chunk.start], slice(start - offset, stop - offset)

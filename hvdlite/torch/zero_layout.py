@@ -54,6 +54,7 @@ class Space:
         self.offsets = [0, *itertools.accumulate(numels)][:len(numels)]
         self.numels = numels
         self.offset_of = dict(zip(positions, self.offsets))
+        self._numel_of = dict(zip(positions, numels))
         self.total = sum(numels)
         # As even as can be with the first ranks one more (reducescatter's own split).
         counts = [self.total // size + (1 if r < self.total % size else 0) for r in range(size)]
@@ -93,6 +94,15 @@ class Space:
     @property
     def shard_size(self) -> int:
         return self.hi - self.lo
+
+    def overlap(self, chunk: Chunk, position: int) -> tuple[slice, slice]:
+        """Where parameter ``position`` and ``chunk`` overlap: the slice of the chunk's
+        elements, and the slice of the parameter's flattened elements."""
+        offset = self.offset_of[position]
+        start = max(offset, chunk.start)
+        stop = min(offset + self._numel_of[position], chunk.stop)
+        return (slice(start - chunk.start, stop - chunk.start),
+                slice(start - offset, stop - offset))
 
 
 def lay_out(params: Sequence[torch.Tensor], rank: int, size: int,

@@ -88,24 +88,30 @@ def _gather_key(opt: ZeroRedundancyOptimizer, space: Any, key: str, dtype: torch
         for position in chunk.positions:
             if key not in keys.get(position, ()):
                 continue
-            param = opt._params[position]
             whole = state[position].get(key)
             if whole is None:
-                whole = state[position][key] = torch.empty(param.shape, dtype=dtype,
-                                                           device=space.device)
-            offset = space.offset_of[position]
-            start, stop = max(offset, chunk.start), min(offset + param.numel(), chunk.stop)
-            whole.view(-1)[start - offset:stop - offset] = flat[start - chunk.start:
-                                                                stop - chunk.start]
+                whole = state[position][key] = torch.empty(
+                    opt._params[position].shape, dtype=dtype, device=space.device)
+            in_chunk, in_param = space.overlap(chunk, position)
+            whole.view(-1)[in_param] = flat[in_chunk]
+
+
+def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter group's settings: all but its parameters."""
+    return {key: value for key, value in group.items() if key != "params"}
 
 
 def groups(opt: ZeroRedundancyOptimizer) -> list[dict[str, Any]]:
     """The optimizer's groups in the plain format: hyperparameters, and indices."""
+    return _indexed(opt.param_groups, [len(group["params"]) for group in opt.param_groups])
+
+
+def _indexed(settings: list[dict[str, Any]], counts: list[int]) -> list[dict[str, Any]]:
+    """Groups of ``settings``' hyperparameters over ``counts`` parameters each, numbered
+    across the groups in order, as ``state_dict()`` numbers them."""
     listed, first = [], 0
-    for group in opt.param_groups:
-        count = len(group["params"])
-        listed.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": list(range(first, first + count))})
+    for group, count in zip(settings, counts):
+        listed.append({**hyperparameters(group), "params": list(range(first, first + count))})
         first += count
     return listed
 
@@ -124,7 +130,7 @@ def load(opt: ZeroRedundancyOptimizer, state_dict: dict[str, Any]) -> None:
             f"optimizer's parameters ({listing}). Load a state dict saved from the same "
             "model and parameter groups")
     for group, saved in zip(opt.param_groups, state_dict["param_groups"]):
-        group.update({k: v for k, v in saved.items() if k != "params"})
+        group.update(hyperparameters(saved))
     whole = {int(k): v for k, v in state_dict["state"].items()}
     local_params = [t for group in opt._local.param_groups for t in group["params"]]
     index_of = {id(t): i for i, t in enumerate(local_params)}
@@ -141,12 +147,8 @@ def load(opt: ZeroRedundancyOptimizer, state_dict: dict[str, Any]) -> None:
                   if _elementwise(value, numel) else
                   value.clone() if torch.is_tensor(value) else copy.deepcopy(value))
             for key, value in saved.items()}
-    local_groups, first = [], 0
-    for group, local in zip(opt.param_groups, opt._local.param_groups):
-        count = len(local["params"])
-        local_groups.append({**{k: v for k, v in group.items() if k != "params"},
-                             "params": list(range(first, first + count))})
-        first += count
+    local_groups = _indexed(opt.param_groups,
+                            [len(local["params"]) for local in opt._local.param_groups])
     opt._local.load_state_dict({"state": local_state, "param_groups": local_groups})
 
 

@@ -73,9 +73,13 @@ class TorchTransport:
         collectives, so every rank opens it (or gives up on it) together."""
         if self._shared_memory and not self._node_memory_tried and self.size > 1:
             self._node_memory_tried = True
-            self._node_memory = open_node_memory(
-                self, timeout_s=dist.default_pg_timeout.total_seconds())
+            self._node_memory = self._new_node_memory()
         return self._node_memory
+
+    def _new_node_memory(self) -> Optional[NodeMemory]:
+        """Segments of the node's memory for these ranks (collective), or None on every
+        rank; a waiting rank gives up on a peer after torch's own collective timeout."""
+        return open_node_memory(self, timeout_s=dist.default_pg_timeout.total_seconds())
 
     # The small objects travel as bytes in tensors of hvdlite's own (not torch's
     # all_gather_object), which HANDOFF holds until Gloo has let go of them.
@@ -190,7 +194,7 @@ class TorchTransport:
         0.59x the MPI lane's speed at np=2 and 0.26x at np=4, on 2 cores); otherwise
         a Gloo group of its own."""
         if self._opened_node_memory() is not None:
-            memory = open_node_memory(self, timeout_s=dist.default_pg_timeout.total_seconds())
+            memory = self._new_node_memory()
             if memory is not None:
                 return NodeLane(memory)
         return TorchLane(self.device_group("gloo"))

@@ -1,7 +1,8 @@
 """The flat partitions of ZeroRedundancyOptimizer (hvdlite/torch/zero_layout.py), every
 rank's view computed here: each element has exactly one owner, shares differ by one
-element at most, each chunk's counts are the parts of its owners, and a rank's parts,
-chunk after chunk, are its range in order."""
+element at most, a piece lies in one chunk, a chunk's parameters tile it, each chunk's
+counts are the parts of its owners, and a rank's parts, chunk after chunk, are its range
+in order."""
 from __future__ import annotations
 
 import pytest
@@ -49,3 +50,11 @@ def test_every_element_has_one_owner_and_chunks_carry_each_ranks_part(
                     walked = end
         for chunk in spaces[0].chunks:
             assert sum(chunk.counts) == chunk.stop - chunk.start
+            # The chunk's parameters' overlaps tile it, in order, each as long on both sides.
+            covered = 0
+            for position in chunk.positions:
+                in_chunk, in_param = spaces[0].overlap(chunk, position)
+                assert in_chunk.start == covered
+                assert in_chunk.stop - in_chunk.start == in_param.stop - in_param.start > 0
+                covered = in_chunk.stop
+            assert covered == chunk.stop - chunk.start
