@@ -13,6 +13,7 @@ import hvdlite as hvd
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
 from tests.mpi.outcomes import channel, under_torchrun
+from tests.mpi.watchdog import Watchdog, test_timeout
 
 _RESULTS = channel()   # test bookkeeping only, never used by hvdlite
 
@@ -23,6 +24,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     hvd.shutdown()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any):  # type: ignore[no-untyped-def]
+    """A test that outlives its timeout: every rank says where it was (watchdog.py)."""
+    timeout_s = test_timeout(item)
+    watchdog = Watchdog(item, _RESULTS.rank, timeout_s) if timeout_s else None
+    try:
+        yield
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
 
 
 @pytest.hookimpl(hookwrapper=True)
