@@ -7,7 +7,9 @@ import torch
 
 import hvdlite as _hvd
 from hvdlite.api.process_set import ProcessSet
+from hvdlite.errors import StateError, UsageError
 from hvdlite.torch.ops import broadcast_async_, synchronize
+from hvdlite.torch.zero import ZeroRedundancyOptimizer
 
 Params = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
 
@@ -40,10 +42,25 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     dummy ``step()`` creates missing state, so parameters are never touched (a dummy
     AdamW step would weight-decay them and silently make ranks diverge).
     """
+    if isinstance(optimizer, ZeroRedundancyOptimizer):     # alike on every rank: no round
+        raise UsageError(
+            f"rank {_hvd.rank()}: broadcast_optimizer_state() got a ZeroRedundancyOptimizer, "
+            "whose state is sharded: each rank holds its own share, so there is no whole "
+            "state to broadcast. broadcast_parameters() makes every rank start alike; a "
+            "state moves with consolidate_state_dict(), state_dict() and load_state_dict()")
     is_root = (process_set.rank() if process_set else _hvd.rank()) == root_rank
-    skeleton, tensors = _split_tensors(optimizer.state_dict()) if is_root else (None, [])
-    skeleton = _hvd.broadcast_object(skeleton, root_rank, name="optimizer_state.skeleton",
-                                     process_set=process_set)
+    skeleton, tensors, failure = None, [], None
+    if is_root:
+        try:
+            skeleton, tensors = _split_tensors(optimizer.state_dict())
+        except Exception as exc:   # every rank must hear of it, or the others wait below
+            failure = exc
+    skeleton, told = _hvd.broadcast_object(
+        (skeleton, None if failure is None else f"{type(failure).__name__}: {failure}"),
+        root_rank, name="optimizer_state.skeleton", process_set=process_set)
+    if told is not None:
+        raise StateError(f"rank {_hvd.rank()}: broadcast_optimizer_state(): the root rank "
+                         f"{root_rank}'s optimizer.state_dict() failed: {told}") from failure
     specs = _hvd.broadcast_object([(t.dtype, tuple(t.shape)) for t in tensors], root_rank,
                                   name="optimizer_state.specs", process_set=process_set)
     if not is_root:

@@ -67,6 +67,27 @@ def test_broadcast_optimizer_state_with_empty_state_changes_nothing() -> None:
     assert len(optimizer.state) == 0
 
 
+class _BrokenStateOptimizer(torch.optim.SGD):
+    def state_dict(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("this state cannot be saved")
+
+
+def test_a_root_whose_state_dict_fails_fails_every_rank() -> None:
+    """Only the root reads its state_dict(): its failure reaches every rank, which
+    would otherwise wait for a state that never comes."""
+    optimizer = _BrokenStateOptimizer(_model(seed=0).parameters(), lr=0.1)
+    with pytest.raises(hvd.StateError, match=r"root rank 0's optimizer.state_dict\(\) failed: "
+                                             "RuntimeError: this state cannot be saved"):
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.broken.state").item() == hvd.size()
+
+
+def test_a_sharded_optimizer_is_refused_on_every_rank() -> None:
+    optimizer = hvd.ZeroRedundancyOptimizer(_model(seed=0).parameters(), torch.optim.SGD, lr=0.1)
+    with pytest.raises(hvd.UsageError, match="sharded: each rank holds its own share"):
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+
 def test_autograd_through_allreduce_allgather_broadcast() -> None:
     size, rank = hvd.size(), hvd.rank()
     x = torch.ones(3, requires_grad=True)
