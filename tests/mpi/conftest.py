@@ -134,6 +134,15 @@ def keras_on_tensorflow() -> tuple:
 
 
 @pytest.fixture
+def small_chunks() -> Iterator[None]:
+    """HVDLITE_BUCKET_BYTES of 40 (ZeroRedundancyOptimizer's chunks, buckets): every parameter spans several, every chunk some ranks."""
+    previous = runtime.config().bucket_bytes
+    reconfigure(bucket_bytes=40)
+    yield
+    reconfigure(bucket_bytes=previous)
+
+
+@pytest.fixture
 def elastic_dir():  # type: ignore[no-untyped-def]
     """A directory every rank names the same (rank 0's temporary directory, broadcast) as
     HVDLITE_ELASTIC_DIR; rank 0 removes it once every rank is done with it."""

@@ -8,15 +8,13 @@ at another world size (a process set of fewer ranks); the errors, on every rank.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
-from hvdlite.api import runtime  # noqa: E402
-from hvdlite.api.control import reconfigure  # noqa: E402
 from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,15 +57,6 @@ OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {
     "adamw": (torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}),
     "momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
 }
-
-
-@pytest.fixture
-def small_chunks() -> Iterator[None]:
-    """Chunks of 40 bytes: every parameter spans several, every chunk some ranks."""
-    previous = runtime.config().bucket_bytes
-    reconfigure(bucket_bytes=40)
-    yield
-    reconfigure(bucket_bytes=previous)
 
 
 def _train(model: "torch.nn.Module", optimizer: Any, steps: range,

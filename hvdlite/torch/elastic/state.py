@@ -1,7 +1,8 @@
 """``TorchState``: a model, an optimizer, samplers and plain values, committed and
 restored together. Models, optimizers and ElasticSamplers go through their
 ``state_dict`` (committed as the tensors' raw bytes: a restore is bitwise); any other
-keyword argument (``epoch=0, batch=0``) is a plain attribute."""
+keyword argument (``epoch=0, batch=0``) is a plain attribute. A
+``ZeroRedundancyOptimizer``'s state is whole on rank 0 only (its handler, below)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -9,10 +10,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from hvdlite.elastic.state import Handler, ObjectState
+from hvdlite.errors import UsageError
 from hvdlite.torch.elastic.sampler import ElasticSampler
 from hvdlite.torch.functions import (broadcast_object, broadcast_optimizer_state,
                                      broadcast_parameters)
+from hvdlite.api.process_set import global_process_set
 from hvdlite.api.runtime import rank
+from hvdlite.torch.zero import ZeroRedundancyOptimizer
 
 
 class _StateDictHandler(Handler):
@@ -38,6 +42,41 @@ class OptimizerHandler(_StateDictHandler):
         return self.value
 
 
+class ZeroHandler(Handler):
+    """No rank holds a ZeroRedundancyOptimizer's whole state. A commit gathers it to
+    rank 0, which keeps it (the copy persisted, and loaded at any world size); the
+    other ranks commit nothing of it. A restore only puts the commit aside: loading is
+    collective (each rank keeps its share) and restore may run on rank 0 alone
+    (resuming from HVDLITE_ELASTIC_DIR), so ``sync`` loads rank 0's copy everywhere."""
+
+    def __init__(self, value: ZeroRedundancyOptimizer) -> None:
+        if value.process_set.process_set_id != global_process_set.process_set_id:
+            raise UsageError(
+                f"rank {rank()}: TorchState commits a ZeroRedundancyOptimizer over every "
+                "rank only (its state is gathered to rank 0 and broadcast from there); "
+                f"this one shards over process set {value.process_set.process_set_id}")
+        super().__init__(value)
+        self._restored: Optional[dict] = None     # rank 0's commit, until sync loads it
+
+    def capture(self) -> Any:
+        self.value.consolidate_state_dict(to=0)
+        return self.value.state_dict() if rank() == 0 else None
+
+    def apply(self, captured: Any) -> Any:
+        self._restored = captured
+        return self.value
+
+    def sync(self, broadcast_object: Callable[[Any], Any]) -> Any:
+        restored = broadcast_object(self._restored is not None)
+        if restored:
+            whole = self._restored
+        else:
+            whole = self.capture()         # collective: the live state, on rank 0
+        self._restored = None
+        self.value.load_state_dict(broadcast_object(whole))
+        return self.value
+
+
 class SamplerHandler(_StateDictHandler):
     def sync(self, broadcast_object: Callable[[Any], Any]) -> Any:
         return self.apply(broadcast_object(self.value.state_dict()))
@@ -46,6 +85,7 @@ class SamplerHandler(_StateDictHandler):
 # (type, handler) pairs, first match wins; append to support more types.
 HANDLERS: list[tuple[type, type[Handler]]] = [
     (torch.nn.Module, ModelHandler),
+    (ZeroRedundancyOptimizer, ZeroHandler),
     (torch.optim.Optimizer, OptimizerHandler),
     (ElasticSampler, SamplerHandler),
 ]
