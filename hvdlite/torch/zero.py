@@ -22,6 +22,10 @@ piece as a flat run of elements, so it must act element by element (SGD, Adam,
 AdamW, RMSprop, Adagrad and the like); one that reads a whole tensor (a norm, as
 LAMB does) would see parts.
 
+``clip_grad_norm_`` (zero_clip.py) runs steps 1 and 2 early and clips the averaged
+shares by their total norm; ``step()`` then goes on from them, unless a new gradient
+arrived since (a post-accumulate hook forgets the early reduction).
+
 Checkpoints (zero_state.py): ``consolidate_state_dict(to)`` gathers the state to one
 rank in the plain optimizer's format, which loads into ``optimizer_class`` over the
 same parameters, and into a ZeroRedundancyOptimizer at any world size.
@@ -41,7 +45,7 @@ from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import NotSupportedError, UsageError
 from hvdlite.reduce_op import ReduceOp
-from hvdlite.torch import zero_state
+from hvdlite.torch import zero_clip, zero_state
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.mpi_ops import Max, allreduce, synchronize
 from hvdlite.torch.zero_layout import Space, lay_out
@@ -106,6 +110,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._spaces = lay_out(params, self.process_set.rank(), self.process_set.size(),
                                _chunk_bytes(runtime.config().bucket_bytes))
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
+        self._reduced: Optional[list[bool]] = None   # reduced early, by clip_grad_norm_
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
         self._grad_views = self._gradient_buffers()
         local_groups = [{**zero_state.hyperparameters(group), "params": []}
@@ -147,6 +152,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             optimizer = me()
             if (optimizer is not None and optimizer._grad_views is views
                     and optimizer._params[position] is param):
+                optimizer._reduced = None      # a new gradient: reduce again at step()
                 optimizer._into_view(param, position)
         self._hooks = [param.register_post_accumulate_grad_hook(
                            functools.partial(into_view, position=position))
@@ -187,9 +193,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._refresh_views()
-        anywhere = self._gradients_anywhere()
-        self._reduce_scatter(anywhere)
+        anywhere = self._reduced if self._reduced is not None else self._reduce()
+        self._reduced = None
         for group, local in zip(self.param_groups, self._local.param_groups):
             local.update(zero_state.hyperparameters(group))   # a scheduler changes them
         self._local.step()
@@ -197,6 +202,42 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for _, _, tensor in self._pieces:
             tensor.grad = None
         return loss
+
+    def _reduce(self) -> list[bool]:
+        """Flags, then each rank's averaged gradients in its pieces' ``.grad``; which
+        parameters had a gradient on any rank."""
+        self._refresh_views()
+        anywhere = self._gradients_anywhere()
+        self._reduce_scatter(anywhere)
+        return anywhere
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """Collective, between the last ``backward()`` and ``step()``: clips the averaged
+        gradients by their total norm, as ``torch.nn.utils.clip_grad_norm_`` would
+        after DDP's backward, and returns that norm (alike on every rank). The
+        gradients are reduced here, and ``step()`` goes on from them. Clipping
+        ``model.parameters()`` with torch's function instead would clip each rank's own
+        gradients before they are averaged."""
+        with torch.no_grad():
+            if self._reduced is None:
+                self._reduced = self._reduce()
+            return zero_clip.clip(self, max_norm, norm_type, error_if_nonfinite)
+
+    def synchronize(self) -> None:
+        """Refused: see ``skip_synchronize``."""
+        self.skip_synchronize()
+
+    def skip_synchronize(self) -> Any:
+        """Refused on every rank alike: Horovod's ``synchronize()`` then clipping
+        ``model.parameters()`` would clip gradients this optimizer no longer steps from
+        (each rank steps its own share of the averaged ones)."""
+        raise NotSupportedError(
+            f"rank {runtime.rank()}: {self._what}: synchronize() and skip_synchronize() "
+            "are DistributedOptimizer's; here each rank holds the averaged gradients of "
+            "its own share only, so clipping model.parameters() after synchronize() "
+            "would change nothing that step() uses. Call "
+            "optimizer.clip_grad_norm_(max_norm) before step() instead")
 
     def _gradients_anywhere(self) -> list[bool]:
         flags = torch.tensor([0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
