@@ -26,6 +26,10 @@ LAMB does) would see parts.
 shares by their total norm; ``step()`` then goes on from them, unless a new gradient
 arrived since (a post-accumulate hook forgets the early reduction).
 
+``torch.amp.GradScaler`` (zero_amp.py): the scaler's question whether the optimizer
+scales by itself reduces early too, and the ranks agree on an overflow there, so
+every rank skips alike.
+
 Checkpoints (zero_state.py): ``consolidate_state_dict(to)`` gathers the state to one
 rank in the plain optimizer's format, which loads into ``optimizer_class`` over the
 same parameters, and into a ZeroRedundancyOptimizer at any world size.
@@ -45,7 +49,7 @@ from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import NotSupportedError, UsageError
 from hvdlite.reduce_op import ReduceOp
-from hvdlite.torch import zero_clip, zero_state
+from hvdlite.torch import zero_amp, zero_clip, zero_state
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.mpi_ops import Max, allreduce, synchronize
 from hvdlite.torch.zero_layout import Space, lay_out
@@ -195,6 +199,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 loss = closure()
         anywhere = self._reduced if self._reduced is not None else self._reduce()
         self._reduced = None
+        if zero_amp.under_scaler(self) and zero_amp.unscaled_or_skipped(self):
+            for _, _, tensor in self._pieces:      # skipped on every rank alike
+                tensor.grad = None
+            return loss
         for group, local in zip(self.param_groups, self._local.param_groups):
             local.update(zero_state.hyperparameters(group))   # a scheduler changes them
         self._local.step()
@@ -346,14 +354,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
-        """Asked by ``GradScaler.step`` on every rank before it decides to skip: refused
-        there, on every rank alike. Its verdict would come from each rank's own
-        gradients, which only the owners see averaged here, so a rank whose batch
-        overflowed would skip the step alone."""
-        raise NotSupportedError(
-            f"rank {runtime.rank()}: {self._what}: torch.amp.GradScaler is not supported "
-            "with ZeroRedundancyOptimizer yet (its skip decision would differ between "
-            "ranks). Use bfloat16 autocast without a scaler, or DistributedOptimizer")
+        """Asked by ``GradScaler.step`` on every rank before it checks the gradients
+        (zero_amp.py): this step's gradients are reduced here, and every rank's check
+        shows an overflow where any rank's share holds one."""
+        with torch.no_grad():
+            if self._reduced is None:
+                self._reduced = self._reduce()
+            zero_amp.agree_on_overflow(self)
+        return True
 
     @property
     def local_optimizer(self) -> torch.optim.Optimizer:

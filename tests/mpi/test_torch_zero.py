@@ -272,17 +272,6 @@ def test_reducescatter_splits_that_differ_fail_every_rank() -> None:
             TORCH, torch.zeros(hvd.size() + 1), name="splits.differ", splits=splits))
 
 
-def test_a_grad_scaler_is_refused_on_every_rank_even_where_one_overflowed() -> None:
-    model = _Model()
-    optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
-    x, y = _shard(0, hvd.rank(), hvd.size())
-    loss = torch.nn.functional.mse_loss(model(x), y) * (float("inf") if hvd.rank() == 0 else 1)
-    scaler.scale(loss).backward()
-    with pytest.raises(hvd.NotSupportedError, match="GradScaler is not supported"):
-        scaler.step(optimizer)
-
-
 def test_accumulating_two_backward_passes_per_step_matches_distributed_optimizer(
         small_chunks: None) -> None:
     def run(make: Callable[[Any], Any]) -> "torch.nn.Module":

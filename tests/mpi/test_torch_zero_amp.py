@@ -1,0 +1,69 @@
+"""torch.amp.GradScaler with ZeroRedundancyOptimizer, as torch's AMP recipe calls it
+(``scaler.step(optimizer)`` straight after ``backward()``): when one rank's batch
+overflows, every rank skips that step and every rank's loss scale stays the same; the
+parameters match one process that trains on every rank's batch and skips the same
+step (within 1e-6), as DistributedOptimizer's do (tests/mpi/test_torch_grad_scaler.py,
+whose model and batches these are). Unscaling before ``scaler.step`` is refused on
+every rank."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvdlite.torch as hvd  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere  # noqa: E402
+from tests.mpi.test_torch_grad_scaler import (OVERFLOWING_STEP, SCALES, STEPS, _batch,  # noqa: E402
+                                              _Model, _one_process)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _sgd(params: Any) -> Any:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def _adam(params: Any) -> Any:
+    return torch.optim.Adam(params, lr=0.05)
+
+
+def _zero(model: "torch.nn.Module", make: Callable[[Any], Any]) -> Any:
+    kind = torch.optim.SGD if make is _sgd else torch.optim.Adam
+    options = {"lr": 0.05, "momentum": 0.9} if make is _sgd else {"lr": 0.05}
+    return hvd.ZeroRedundancyOptimizer(model.parameters(), kind, **options)
+
+
+@pytest.mark.parametrize("make", [_sgd, _adam], ids=["sgd", "adam"])
+def test_one_ranks_overflow_skips_the_step_on_every_rank(make: Callable[[Any], Any]) -> None:
+    model = _Model()
+    optimizer = _zero(model, make)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
+    scales, skipped = [], []
+    for step in range(STEPS):
+        before = [p.detach().clone() for p in model.trunk.parameters()]
+        optimizer.zero_grad()
+        scaler.scale(model(_batch(hvd.rank(), step), hvd.rank(), step)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skipped.append(all(torch.equal(a, p) for a, p in zip(before, model.trunk.parameters())))
+    parameters = [p.detach().numpy() for p in model.parameters()]
+    assert_identical_everywhere(parameters + [np.array(scales)])
+    assert skipped == [step == OVERFLOWING_STEP for step in range(STEPS)]
+    assert scales == SCALES
+    expected = _one_process(lambda m: make(m.parameters()), clip=False)
+    for mine, want in zip(parameters, expected):
+        np.testing.assert_allclose(mine, want, rtol=0, atol=1e-6)
+
+
+def test_unscaling_before_the_step_is_refused_on_every_rank() -> None:
+    model = _Model()
+    optimizer = _zero(model, _sgd)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scaler.scale(model(_batch(hvd.rank(), 0), hvd.rank(), 0)).backward()
+    scaler.unscale_(optimizer)
+    with pytest.raises(hvd.NotSupportedError, match=r"scaler.unscale_\(optimizer\) before"):
+        scaler.step(optimizer)
