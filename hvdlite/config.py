@@ -203,8 +203,10 @@ class Config:
         "the whole MPI job, so no other rank is left hanging in a collective.")
     spin_time: float = knob(
         100.0, parse_nonneg_float, OWN,
-        "Microseconds the engine busy-polls a pending negotiation before it "
-        "starts sleeping between polls (lower latency vs. CPU left to compute).")
+        "Microseconds the engine busy-polls a pending negotiation or reduction, while a "
+        "thread waits on a result, before it sleeps between polls (lower latency vs. CPU "
+        "left to compute). The default where every rank that computes on the CPU has a "
+        "CPU of its own (a waiting thread leaves it idle) is 5000.")
 
     peer_timeout: float = knob(
         20.0, parse_nonneg_float, OWN,

@@ -75,12 +75,28 @@ def test_ranks_sharing_the_cpus_they_compute_on_use_mpis_allreduce_and_one_bucke
 
 
 @pytest.mark.parametrize("node", [
-    Node(ranks=2, cpu_ranks=2, cpus=2.0),      # one core each: the measured defaults
-    Node(ranks=4, cpu_ranks=0, cpus=2.0),      # four GPUs: their CPU mostly waits
+    Node(ranks=2, cpu_ranks=2, cpus=2.0),      # one core each
     Node(ranks=2, cpu_ranks=2, cpus=2.5),
+    Node(ranks=3, cpu_ranks=1, cpus=4.0),      # one on the CPU, two on GPUs
 ])
-def test_a_core_per_rank_or_gpus_keep_the_fixed_defaults(node: Node) -> None:
-    assert defaults.choose(Placement((node,)), explicit=()) == ({}, [])
+def test_a_core_per_cpu_rank_polls_while_a_thread_waits(node: Node) -> None:
+    changes, reasons = defaults.choose(Placement((node,)), explicit=())
+    assert changes == {"spin_time": defaults.UNCROWDED_SPIN_US}
+    assert reasons == [
+        "HVDLITE_SPIN_TIME=5000 (the engine busy-polls up to 5 ms while a thread waits on "
+        "a result): every rank that computes on the CPU has one of its own, which a "
+        "waiting thread leaves idle"]
+    assert defaults.choose(Placement((node,)), explicit={"spin_time"}) == ({}, [])
+
+
+def test_gpu_ranks_keep_the_fixed_defaults() -> None:
+    """Four GPUs on two CPUs: their CPU mostly waits on the GPU; nothing measured here."""
+    assert defaults.choose(Placement((Node(ranks=4, cpu_ranks=0, cpus=2.0),)), ()) == ({}, [])
+
+
+def test_a_crowded_node_anywhere_keeps_the_short_spin() -> None:
+    placement = Placement((Node(2, 2, 8.0), Node(4, 4, 2.0)))
+    assert "spin_time" not in defaults.choose(placement, ())[0]
 
 
 def test_one_crowded_node_decides_for_every_rank() -> None:
