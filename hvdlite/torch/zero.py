@@ -114,7 +114,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._spaces = lay_out(params, self.process_set.rank(), self.process_set.size(),
                                _chunk_bytes(runtime.config().bucket_bytes))
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
-        self._reduced: Optional[list[bool]] = None   # reduced early, by clip_grad_norm_
+        self._reduced: Optional[list[bool]] = None   # this step's, once reduced
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
         self._grad_views = self._gradient_buffers()
         local_groups = [{**zero_state.hyperparameters(group), "params": []}
@@ -197,8 +197,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        anywhere = self._reduced if self._reduced is not None else self._reduce()
-        self._reduced = None
+        anywhere, self._reduced = self._reduce_once(), None
         if zero_amp.under_scaler(self) and zero_amp.unscaled_or_skipped(self):
             for _, _, tensor in self._pieces:      # skipped on every rank alike
                 tensor.grad = None
@@ -211,13 +210,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             tensor.grad = None
         return loss
 
-    def _reduce(self) -> list[bool]:
-        """Flags, then each rank's averaged gradients in its pieces' ``.grad``; which
-        parameters had a gradient on any rank."""
-        self._refresh_views()
-        anywhere = self._gradients_anywhere()
-        self._reduce_scatter(anywhere)
-        return anywhere
+    def _reduce_once(self) -> list[bool]:
+        """Flags, then each rank's averaged gradients in its pieces' ``.grad``, unless
+        done since the last gradient arrived; which parameters had one on any rank."""
+        if self._reduced is None:
+            self._refresh_views()
+            anywhere = self._gradients_anywhere()
+            self._reduce_scatter(anywhere)
+            self._reduced = anywhere
+        return self._reduced
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -228,8 +229,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         ``model.parameters()`` with torch's function instead would clip each rank's own
         gradients before they are averaged."""
         with torch.no_grad():
-            if self._reduced is None:
-                self._reduced = self._reduce()
+            self._reduce_once()
             return zero_clip.clip(self, max_norm, norm_type, error_if_nonfinite)
 
     def synchronize(self) -> None:
@@ -358,8 +358,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         (zero_amp.py): this step's gradients are reduced here, and every rank's check
         shows an overflow where any rank's share holds one."""
         with torch.no_grad():
-            if self._reduced is None:
-                self._reduced = self._reduce()
+            self._reduce_once()
             zero_amp.agree_on_overflow(self)
         return True
 
