@@ -13,7 +13,7 @@ import hvdlite as hvd
 from hvdlite.api import runtime
 from hvdlite.api.control import reconfigure
 from tests.mpi.outcomes import channel, under_torchrun
-from tests.mpi.watchdog import Watchdog, test_timeout
+from tests.mpi.watchdog import Watchdog, timeout_of
 
 _RESULTS = channel()   # test bookkeeping only, never used by hvdlite
 
@@ -29,7 +29,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any):  # type: ignore[no-untyped-def]
     """A test that outlives its timeout: every rank says where it was (watchdog.py)."""
-    timeout_s = test_timeout(item)
+    timeout_s = timeout_of(item)
     watchdog = Watchdog(item, _RESULTS.rank, timeout_s) if timeout_s else None
     try:
         yield
@@ -135,7 +135,8 @@ def keras_on_tensorflow() -> tuple:
 
 @pytest.fixture
 def small_chunks() -> Iterator[None]:
-    """HVDLITE_BUCKET_BYTES of 40 (ZeroRedundancyOptimizer's chunks, buckets): every parameter spans several, every chunk some ranks."""
+    """HVDLITE_BUCKET_BYTES of 40 (ZeroRedundancyOptimizer's chunks, buckets): every
+    parameter spans several, every chunk some ranks."""
     previous = runtime.config().bucket_bytes
     reconfigure(bucket_bytes=40)
     yield

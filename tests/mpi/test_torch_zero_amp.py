@@ -7,7 +7,7 @@ whose model and batches these are). Unscaling before ``scaler.step`` is refused 
 every rank."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,24 +22,17 @@ from tests.mpi.test_torch_grad_scaler import (OVERFLOWING_STEP, SCALES, STEPS, _
 pytestmark = pytest.mark.timeout(120)
 
 
-def _sgd(params: Any) -> Any:
-    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {"lr": 0.05}),
+}
 
 
-def _adam(params: Any) -> Any:
-    return torch.optim.Adam(params, lr=0.05)
-
-
-def _zero(model: "torch.nn.Module", make: Callable[[Any], Any]) -> Any:
-    kind = torch.optim.SGD if make is _sgd else torch.optim.Adam
-    options = {"lr": 0.05, "momentum": 0.9} if make is _sgd else {"lr": 0.05}
-    return hvd.ZeroRedundancyOptimizer(model.parameters(), kind, **options)
-
-
-@pytest.mark.parametrize("make", [_sgd, _adam], ids=["sgd", "adam"])
-def test_one_ranks_overflow_skips_the_step_on_every_rank(make: Callable[[Any], Any]) -> None:
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_one_ranks_overflow_skips_the_step_on_every_rank(name: str) -> None:
+    kind, options = OPTIMIZERS[name]
     model = _Model()
-    optimizer = _zero(model, make)
+    optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), kind, **options)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
     scales, skipped = [], []
     for step in range(STEPS):
@@ -54,14 +47,15 @@ def test_one_ranks_overflow_skips_the_step_on_every_rank(make: Callable[[Any], A
     assert_identical_everywhere(parameters + [np.array(scales)])
     assert skipped == [step == OVERFLOWING_STEP for step in range(STEPS)]
     assert scales == SCALES
-    expected = _one_process(lambda m: make(m.parameters()), clip=False)
+    expected = _one_process(lambda m: kind(m.parameters(), **options), clip=False)
     for mine, want in zip(parameters, expected):
         np.testing.assert_allclose(mine, want, rtol=0, atol=1e-6)
 
 
 def test_unscaling_before_the_step_is_refused_on_every_rank() -> None:
     model = _Model()
-    optimizer = _zero(model, _sgd)
+    kind, options = OPTIMIZERS["sgd"]
+    optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), kind, **options)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
     scaler.scale(model(_batch(hvd.rank(), 0), hvd.rank(), 0)).backward()
     scaler.unscale_(optimizer)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 LEAD_S = 4.0
 
 
-def test_timeout(item: Any) -> Optional[float]:
+def timeout_of(item: Any) -> Optional[float]:
     """The pytest-timeout limit of ``item`` in seconds (its marker, else the ini's)."""
     marker = item.get_closest_marker("timeout")
     if marker is not None:
@@ -40,15 +40,15 @@ def test_timeout(item: Any) -> Optional[float]:
 
 def _where(frame: Any) -> str:
     """The innermost frame of a thread inside this repository, or its innermost one."""
-    innermost = frame
+    shown = frame
     while frame is not None:
-        name = frame.f_code.co_filename
-        if "/hvdlite/" in name or "/tests/" in name:
-            return f"{_short(name)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if "/hvdlite/" in frame.f_code.co_filename or "/tests/" in frame.f_code.co_filename:
+            shown = frame
+            break
         frame = frame.f_back
-    if innermost is None:
+    if shown is None:
         return "?"
-    return f"{_short(innermost.f_code.co_filename)}:{innermost.f_lineno} in {innermost.f_code.co_name}"
+    return f"{_short(shown.f_code.co_filename)}:{shown.f_lineno} in {shown.f_code.co_name}"
 
 
 def _short(path: str) -> str:
