@@ -29,10 +29,18 @@ A sum waiting longer than HVDLITE_STALL_CHECK_TIME is logged with its bucket, an
 past HVDLITE_STALL_SHUTDOWN_TIME (if set) stops the engine with a StallError, as a
 negotiated request would: the ranks are not stepping the same optimizers in the same
 order.
+
+A lane has one kind of collective (``LaneKind``). The reducer's lanes sum. A sharded
+optimizer's lanes reduce-scatter its gradients and allgather its parameters: there every
+rank's segment of the buffer ends in check words (each segment that a rank receives,
+for a reduce-scatter; each rank's own, for an allgather), so every rank checks the same
+summed words as a sum's. A rank that joined has no shard to step: on these lanes a
+join fails the collective on every rank.
 """
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 from typing import Optional, Sequence
 
@@ -48,6 +56,18 @@ CHECK_WORDS = STEP_BITS + INDEX_BITS + 4
 _FAILED, _FAILED_RANK, _FAILED_SLOT, _JOINED = -4, -3, -2, -1
 LANE_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})   # exact 0..2^24
 _log = logging.getLogger("hvdlite")
+
+
+class LaneKind(enum.IntEnum):
+    """What a lane's collectives are; all of one lane's are of its kind."""
+    SUM = 0               # every rank's buffer summed, in place
+    REDUCE_SCATTER = 1    # summed, each rank keeping its own segment (into ``out``)
+    ALLGATHER = 2         # each rank's buffer, to every rank (segments of ``out``)
+
+
+# The channel's method for each kind: a channel without it opens no lane of that kind.
+CHANNEL_METHODS = {LaneKind.SUM: "start_sum", LaneKind.REDUCE_SCATTER: "start_reduce_scatter",
+                   LaneKind.ALLGATHER: "start_allgather"}
 
 
 def check_words(step: int, index: int, rank: int, failed_slot: Optional[int], joined: bool,
@@ -68,17 +88,20 @@ def check_words(step: int, index: int, rank: int, failed_slot: Optional[int], jo
 class LaneOp:
     """One bucket's sum: the whole flat buffer (the gradients, their flags, the check
     words), of which the first ``scaled`` elements are multiplied by ``scale`` after."""
-    __slots__ = ("handle", "buf", "scaled", "scale", "step", "name", "names", "pending",
-                 "started_at", "joined", "failed_slot", "warned", "position")
+    __slots__ = ("handle", "buf", "out", "scaled", "scale", "step", "name", "names",
+                 "pending", "started_at", "joined", "failed_slot", "warned", "position")
 
     def __init__(self, buf: np.ndarray, scaled: int, scale: float, step: int = 0,
                  name: str = "", names: Sequence[str] = (),
-                 failed_slot: Optional[int] = None, joined: bool = False) -> None:
+                 failed_slot: Optional[int] = None, joined: bool = False,
+                 out: Optional[np.ndarray] = None) -> None:
         """``step``: the optimizer's steps so far, as this rank counts them; ``name``:
         the bucket's; ``names``: its gradients' (for errors); ``failed_slot``: the
-        one this rank cannot reduce (see the module's docstring)."""
+        one this rank cannot reduce (see the module's docstring); ``out``: where a
+        reduce-scatter or an allgather lands (a sum lands in ``buf``)."""
         self.handle = -1
-        self.buf, self.scaled, self.scale, self.step = buf, scaled, scale, step
+        self.buf, self.out = buf, out
+        self.scaled, self.scale, self.step = scaled, scale, step
         self.name, self.names = name, names
         self.failed_slot, self.joined = failed_slot, joined
         self.pending: Optional[Pending] = None
@@ -86,17 +109,29 @@ class LaneOp:
         self.warned = False
         self.position = 0
 
+    @property
+    def result(self) -> np.ndarray:
+        return self.buf if self.out is None else self.out
+
 
 class Lane:
-    """One reducer's lane, on the engine's thread (ops arrive through ``queued``)."""
+    """One lane, on the engine's thread (ops arrive through ``queued``)."""
 
     def __init__(self, name: str, key: tuple[int, int], channel: LaneChannel, rank: int,
-                 size: int, counts: Sequence[int], dtype: np.dtype) -> None:
+                 size: int, counts: Sequence[int], dtype: np.dtype,
+                 kind: LaneKind = LaneKind.SUM,
+                 segments: Sequence[Sequence[int]] = ()) -> None:
         """``key``: (its process set, lanes opened on that set before it), alike on every
-        rank of the set."""
+        rank of the set. ``counts``: each bucket's elements (a sum's buffer; the whole
+        of a reduce-scatter's input or an allgather's output); ``segments``: each
+        bucket's rank by rank (not for sums), check words included."""
         self.name, self.key, self.rank, self.size = name, key, rank, size
         self.set_id = key[0]
         self.channel, self.counts, self.dtype = channel, list(counts), dtype
+        self.kind = kind
+        self.segments = [tuple(each) for each in segments]
+        # Where each rank's segment ends, by bucket: its check words end there.
+        self._ends = [np.cumsum(each) for each in self.segments]
         self.queued: collections.deque[LaneOp] = collections.deque()   # user threads append
         self.running: collections.deque[LaneOp] = collections.deque()
         self.started = 0          # sums this rank started that were not void
@@ -112,9 +147,22 @@ class Lane:
 
     def _start(self, op: LaneOp, now: float) -> None:
         position = op.position = self.started
-        check_words(op.step, position % len(self.counts), self.rank, op.failed_slot,
-                    op.joined, op.buf[-CHECK_WORDS:])
-        op.pending = self.channel.start_sum(op.buf)
+        index = position % len(self.counts)
+        if self.kind is LaneKind.REDUCE_SCATTER:     # every segment the others receive
+            words = np.zeros(CHECK_WORDS, self.dtype)
+            check_words(op.step, index, self.rank, op.failed_slot, op.joined, words)
+            for end in self._ends[index]:
+                op.buf[end - CHECK_WORDS:end] = words
+        else:
+            check_words(op.step, index, self.rank, op.failed_slot, op.joined,
+                        op.buf[-CHECK_WORDS:])
+        if self.kind is LaneKind.SUM:
+            op.pending = self.channel.start_sum(op.buf)
+        elif self.kind is LaneKind.REDUCE_SCATTER:
+            op.pending = self.channel.start_reduce_scatter(op.buf, op.out,
+                                                           self.segments[index])
+        else:
+            op.pending = self.channel.start_allgather(op.buf, op.out, self.segments[index])
         op.started_at = now
         self.started += 1
         self.running.append(op)
@@ -125,19 +173,32 @@ class Lane:
             self.stand_in(now)
 
     def stand_in(self, now: float) -> None:
-        """Zeros for the next sum, counted as a joined rank's."""
-        buf = np.zeros(self.counts[self.started % len(self.counts)], self.dtype)
-        self._start(LaneOp(buf, 0, 1.0, joined=True), now)
+        """Zeros for the next collective, counted as a joined rank's."""
+        index = self.started % len(self.counts)
+        whole, out = self.counts[index], None
+        if self.kind is not LaneKind.SUM:
+            mine = self.segments[index][self.rank]
+            send, receive = (whole, mine) if self.kind is LaneKind.REDUCE_SCATTER else (
+                mine, whole)
+            whole, out = send, np.zeros(receive, self.dtype)
+        self._start(LaneOp(np.zeros(whole, self.dtype), 0, 1.0, joined=True, out=out), now)
+
+    def _words(self, op: LaneOp) -> np.ndarray:
+        """The check words summed over the ranks (an allgather's, added up here)."""
+        if self.kind is not LaneKind.ALLGATHER:
+            return op.result[-CHECK_WORDS:]
+        ends = self._ends[op.position % len(self.counts)]
+        return np.sum([op.out[end - CHECK_WORDS:end] for end in ends], axis=0)
 
     def finished(self) -> list[tuple[LaneOp, Optional[HvdliteError]]]:
-        """The sums that are complete, in order, each checked (with its error: the
+        """The collectives that are complete, in order, each checked (with its error: the
         check words differ between ranks, or a rank failed it) and scaled. Every
-        rank sees the same sums, so every rank fails the same ones; the lane goes on
-        (each rank still sums every bucket of every step, in order)."""
+        rank sees the same words, so every rank fails the same ones; the lane goes on
+        (each rank still starts every bucket of every step, in order)."""
         done: list[tuple[LaneOp, Optional[HvdliteError]]] = []
         while self.running and self.running[0].pending.Test():
             op = self.running.popleft()
-            words = op.buf[-CHECK_WORDS:]
+            words = self._words(op)
             joined = int(words[_JOINED])
             if joined == self.size:        # only joined ranks: void everywhere
                 self.started -= 1
@@ -145,29 +206,44 @@ class Lane:
                 continue
             if op.joined:
                 continue
-            tags = words[:STEP_BITS + INDEX_BITS]
-            if np.any((tags != 0) & (tags != self.size - joined)):
-                done.append((op, StepMismatchError(
-                    f"rank {self.rank}: the ranks reduced the gradients of different "
-                    f"steps together in bucket '{op.name}' (this rank is at step "
-                    f"{op.step}): a rank skipped an optimizer step, or took one more. "
-                    "Every rank must step as often as the others; these gradients were "
-                    "not handed back.")))
-            elif words[_FAILED] != 0:
-                done.append((op, self._failed(op, words)))
-            else:
-                if op.scale != 1.0:
-                    view = op.buf[:op.scaled]
-                    np.multiply(view, op.scale, out=view)
-                done.append((op, None))
+            done.append((op, self._verdict(op, words, joined)))
         return done
 
+    def _verdict(self, op: LaneOp, words: np.ndarray, joined: int) -> Optional[HvdliteError]:
+        tags = words[:STEP_BITS + INDEX_BITS]
+        if np.any((tags != 0) & (tags != self.size - joined)):
+            what = ("gathered the parameters" if self.kind is LaneKind.ALLGATHER else
+                    "reduced the gradients")
+            return StepMismatchError(
+                f"rank {self.rank}: the ranks {what} of different "
+                f"steps together in bucket '{op.name}' (this rank is at step "
+                f"{op.step}): a rank skipped an optimizer step, or took one more. "
+                "Every rank must step as often as the others; these gradients were "
+                "not handed back.")
+        if words[_FAILED] != 0:
+            return self._failed(op, words)
+        if joined and self.kind is not LaneKind.SUM:
+            return UsageError(
+                f"rank {self.rank}: {joined} rank(s) joined (hvd.join) while the others "
+                f"exchanged '{op.name}'; each rank steps its own shard of the optimizer, "
+                "so every rank must step every time: join after the last step")
+        if op.scale != 1.0:
+            view = op.result[:op.scaled]
+            np.multiply(view, op.scale, out=view)
+        return None
+
     def _failed(self, op: LaneOp, words: np.ndarray) -> HvdliteError:
-        if words[_FAILED] == 1 and op.names:
+        one = words[_FAILED] == 1 and op.names
+        if one:
             rank, slot = int(words[_FAILED_RANK]) - 1, int(words[_FAILED_SLOT]) - 1
-            what = f"on rank {rank}: the gradient of '{op.names[slot]}'"
-        else:
-            what = f"on {int(words[_FAILED])} ranks: a gradient"
+        if self.kind is LaneKind.ALLGATHER:
+            what = f"rank {rank}'s {op.names[slot]}" if one else (
+                f"{int(words[_FAILED])} ranks' parts")
+            return UsageError(
+                f"rank {self.rank}: {what} failed, so '{op.name}' was not gathered on "
+                "any rank; that rank's own error says why")
+        what = (f"on rank {rank}: the gradient of '{op.names[slot]}'" if one else
+                f"on {int(words[_FAILED])} ranks: a gradient")
         return UsageError(
             f"rank {self.rank}: {what} no longer fits its bucket '{op.name}', laid out "
             "for the parameters as they were (that rank's own error says how). "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import numpy as np
 
 from hvdlite.backends.base import Traffic
-from hvdlite.engine.lane import CHECK_WORDS, Lane, LaneOp
+from hvdlite.engine.lane import CHANNEL_METHODS, CHECK_WORDS, Lane, LaneKind, LaneOp
 from hvdlite.errors import HvdliteError, StallError
 from hvdlite.failure import waiting
 from hvdlite.transport.base import LaneChannel
@@ -31,6 +31,10 @@ if TYPE_CHECKING:    # annotations only: the engine builds these objects
     from hvdlite.negotiation.process_sets import ProcessSetRegistry
     from hvdlite.recording.recorder import PeerWaitClock
     from hvdlite.transport.base import Transport
+
+
+_OP_NAMES = {LaneKind.SUM: "allreduce", LaneKind.REDUCE_SCATTER: "reducescatter",
+             LaneKind.ALLGATHER: "allgather"}
 
 
 class Lanes:
@@ -52,15 +56,22 @@ class Lanes:
         self._complete, self._fail = complete, fail
 
     def open(self, name: str, set_id: int, channel: LaneChannel, rank: int, size: int,
-             counts: Sequence[int], dtype: np.dtype) -> int:
+             counts: Sequence[int], dtype: np.dtype, kind: LaneKind = LaneKind.SUM,
+             segments: Sequence[Sequence[int]] = ()) -> Optional[int]:
         """A new lane: its id is this rank's own; its ``key`` is alike on every rank of
-        the set (the requests that open lanes on a set are agreed in one order)."""
+        the set (the requests that open lanes on a set are agreed in one order). None,
+        the channel closed, where the transport has no collective of this kind on its
+        lanes (the same transport on every rank: alike everywhere)."""
         if self._closing:
             self._close_idle()
+        if not hasattr(channel, CHANNEL_METHODS[kind]):
+            channel.close()
+            return None
         lane_id, self._next = self._next, self._next + 1
         key = (set_id, self._opened.get(set_id, 0))
         self._opened[set_id] = key[1] + 1
-        self._lanes[lane_id] = Lane(name, key, channel, rank, size, counts, dtype)
+        self._lanes[lane_id] = Lane(name, key, channel, rank, size, counts, dtype, kind,
+                                    segments)
         return lane_id
 
     def close(self, lane_id: int) -> None:
@@ -94,17 +105,25 @@ class Lanes:
             elif lane.joined_done and not lane.running:
                 lane.joined_done = False      # the join is over: the next one counts
             for op, error in lane.finished():
-                nbytes = op.buf.nbytes
-                estimate = 2 * nbytes * (lane.size - 1) // lane.size
-                self.traffic.add("allreduce", estimate, estimate)
-                # What the report's forecast reads: the gradients and their flags.
-                self._reduced(1, nbytes - CHECK_WORDS * op.buf.itemsize)   # one request
+                self._count(lane, op)
                 if error is None:
                     self._complete(op.handle, None)
                 else:
                     self._fail(op.handle, error)
                 completed += 1
         return completed
+
+    def _count(self, lane: Lane, op: LaneOp) -> None:
+        """The bytes a bandwidth-optimal algorithm sends (an allreduce: a reduce-scatter
+        and an allgather), and what the report's forecast reads as reduced: the
+        gradients and their flags."""
+        whole = op.buf.nbytes if lane.kind is not LaneKind.ALLGATHER else op.out.nbytes
+        estimate = whole * (lane.size - 1) // lane.size
+        if lane.kind is LaneKind.SUM:
+            estimate *= 2
+        self.traffic.add(_OP_NAMES[lane.kind], estimate, estimate)
+        if lane.kind is not LaneKind.ALLGATHER:
+            self._reduced(1, whole - CHECK_WORDS * op.buf.itemsize)   # one request
 
     def _close_idle(self) -> None:
         for _ in range(len(self._closing)):
@@ -117,9 +136,9 @@ class Lanes:
                 lane.channel.close()
 
     def pending(self, waited: set[int]) -> list[tuple[int, str, str, bool]]:
-        """What the deadlock check lists: (set, bucket, "allreduce", whether a user
-        thread waits on it), for every sum started or queued."""
-        return [(lane.set_id, op.name, "allreduce", op.handle in waited)
+        """What the deadlock check lists: (set, bucket, its collective, whether a user
+        thread waits on it), for every one started or queued."""
+        return [(lane.set_id, op.name, _OP_NAMES[lane.kind], op.handle in waited)
                 for lane in self._lanes.values()
                 for op in list(lane.running) + list(lane.queued) if not op.joined]
 

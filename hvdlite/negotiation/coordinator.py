@@ -30,7 +30,7 @@ _COMPARED: dict[Kind, tuple[str, ...]] = {
     Kind.ADD_PROCESS_SET: ("ranks",),
     Kind.REMOVE_PROCESS_SET: ("set_id",),
     Kind.RECONFIGURE: ("settings",),
-    Kind.OPEN_LANE: ("dtype", "shape"),
+    Kind.OPEN_LANE: ("dtype", "shape", "settings", "splits"),
 }
 
 _FIX_HINT = ("Every rank must submit a tensor name with the same collective, dtype, "

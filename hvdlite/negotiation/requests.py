@@ -69,7 +69,7 @@ class Descriptor(NamedTuple):
     device: str = "cpu"          # "cpu" or "cuda:N": compared across ranks, part of the fusion key
     set_id: int = -1             # REMOVE_PROCESS_SET: the set to remove
     thread: str = ""             # unnamed ops: the submitting thread (see runtime.next_name)
-    settings: tuple = ()         # RECONFIGURE: sorted (field, value) pairs
+    settings: tuple = ()         # RECONFIGURE: sorted (field, value) pairs; OPEN_LANE: its kind
     error: str = ""              # a marker: this rank's arguments were invalid (the reason)
     parts: tuple = ()            # a bundled grouped allreduce: each tensor's shape, in order
 

@@ -123,6 +123,11 @@ class LaneChannel(Protocol):
         """Start summing ``buf`` (contiguous, host) across the ranks, into ``buf``."""
         ...
 
+    # A channel may also have (hvdlite/engine/lane.py opens lanes of a kind only where
+    # it does): start_reduce_scatter(buf, out, counts), the sum of ``buf`` with each
+    # rank's segment of ``counts`` into its ``out``; start_allgather(buf, out, counts),
+    # every rank's ``buf`` into ``out``, segment by segment.
+
     def close(self) -> None:
         """Every member closes it, once nothing started on it is pending."""
         ...

@@ -107,6 +107,14 @@ class MpiLane:
     def start_sum(self, buf: np.ndarray) -> MPI.Request:
         return self._comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
+    def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
+                             counts: Sequence[int]) -> MPI.Request:
+        return self._comm.Ireduce_scatter(buf, out, list(counts), op=MPI.SUM)
+
+    def start_allgather(self, buf: np.ndarray, out: np.ndarray,
+                        counts: Sequence[int]) -> MPI.Request:
+        return self._comm.Iallgatherv(buf, [out, list(counts)])
+
     def close(self) -> None:
         self._comm.Free()
 

@@ -258,6 +258,29 @@ class FakeLane:
             buf[...] = np.sum(parts, axis=0, dtype=buf.dtype)
         return self._transport._post(buf.copy(), finish)
 
+    def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
+                             counts: Sequence[int]) -> FakePending:
+        rank = self._transport.rank
+        begin = sum(counts[:rank])
+
+        def finish(parts: list[Any]) -> None:
+            if any(p.shape != buf.shape for p in parts) or out.size != counts[rank]:
+                raise FakeTransportError(f"rank {rank}: ranks reduce-scatter different "
+                                         "buffers on a lane")
+            out[...] = np.sum(parts, axis=0, dtype=buf.dtype)[begin:begin + out.size]
+        return self._transport._post(buf.copy(), finish)
+
+    def start_allgather(self, buf: np.ndarray, out: np.ndarray,
+                        counts: Sequence[int]) -> FakePending:
+        rank = self._transport.rank
+
+        def finish(parts: list[Any]) -> None:
+            if [p.size for p in parts] != list(counts) or out.size != sum(counts):
+                raise FakeTransportError(f"rank {rank}: ranks allgather different "
+                                         "buffers on a lane")
+            out[...] = np.concatenate(parts)
+        return self._transport._post(buf.copy(), finish)
+
     def close(self) -> None:
         pass
 
