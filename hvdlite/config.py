@@ -136,7 +136,9 @@ class Config:
         "float32 and float64 on the CPU) are reduced on a lane of their own, with no "
         "negotiation round per step: each bucket carries check words that make ranks "
         "out of step a MismatchError on every rank. 0 negotiates every bucket as any "
-        "other request.")
+        "other request. ZeroRedundancyOptimizer's chunks (float32 and float64 on the "
+        "CPU) go on lanes of their own too where the transport has them (MPI), "
+        "reduce-scattered and allgathered with no round.")
     ring_threshold: int = knob(
         2 << 20, parse_bytes, SAME,
         "With HVDLITE_ALLREDUCE=auto, reductions of at least this many bytes use "

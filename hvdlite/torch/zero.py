@@ -6,15 +6,19 @@ themselves stay whole on every rank), with torch's signature and methods, in pla
 Every element of every parameter has one owner (zero_layout.py: flat spaces split
 into even ranges). Each step:
 
-1. which parameters have a gradient on any rank (one small allreduce): one that no
-   rank has is skipped, as in one process (a frozen or unused layer: Adam does not
-   move it);
-2. the gradients are reduced **to their owners only**: a reduce-scatter per chunk of
+1. the gradients are reduced **to their owners only**: a reduce-scatter per chunk of
    each space, with each rank's part as its count, averaged;
+2. which parameters had a gradient on any rank: one that no rank had is skipped, as
+   in one process (a frozen or unused layer: Adam does not move it);
 3. the wrapped optimizer steps this rank's pieces only: views into the parameters'
    own memory, so it updates them in place, and its state is this rank's share;
 4. the updated pieces are gathered to every rank (an allgather per chunk, the same
    chunks), and copied into the parameters.
+
+A float32 or float64 space on the CPU goes on lanes where the transport has them
+(zero_lanes.py, MPI): every chunk every step with no negotiation round, and the flags
+of step 2 inside the reduce-scatter. Elsewhere (zero_rounds.py) one small allreduce
+agrees on step 2 first, and only the chunks it names are negotiated.
 
 Every element is written by its one owner and copied to the others, so every rank
 holds bitwise the same parameters by construction. The wrapped optimizer sees each
@@ -36,26 +40,23 @@ same parameters, and into a ZeroRedundancyOptimizer at any world size.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import weakref
 from typing import Any, Callable, Iterable, Optional
 
+import numpy as np
 import torch
 
-from hvdlite.api import collectives, runtime, submission
+from hvdlite.api import runtime, submission
 from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
-from hvdlite.errors import NotSupportedError, UsageError
-from hvdlite.reduce_op import ReduceOp
-from hvdlite.torch import zero_amp, zero_clip, zero_state
-from hvdlite.torch.adapter import TORCH
-from hvdlite.torch.mpi_ops import Max, allreduce, synchronize
+from hvdlite.errors import HvdliteError, NotSupportedError, UsageError
+from hvdlite.torch import zero_amp, zero_clip, zero_lanes, zero_rounds, zero_state
+from hvdlite.torch.mpi_ops import Max, allreduce
 from hvdlite.torch.zero_layout import Space, lay_out
 
 MAX_CHUNK_BYTES = 25 << 20     # a chunk where HVDLITE_BUCKET_BYTES asks for one bucket
-IN_FLIGHT = 2                  # chunks reduced or gathered at once, each a chunk of memory
 _SPARSE = 2.0                  # a gradient's flag: 1 dense, 2 sparse (refused)
 
 
@@ -95,6 +96,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._what = runtime.next_name(set_id, "ZeroRedundancyOptimizer")[0]
         self._consolidated: Optional[dict[str, Any]] = None
         self._layouts = 0            # layouts made so far: names each one's exchange
+        self._steps = 0              # steps taken: the lanes' check words carry it
         self._build()
 
     # -- layout ---------------------------------------------------------------------------
@@ -113,6 +115,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._params = params
         self._spaces = lay_out(params, self.process_set.rank(), self.process_set.size(),
                                _chunk_bytes(runtime.config().bucket_bytes))
+        self._lanes = self._open_lanes()
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
         self._reduced: Optional[list[bool]] = None   # this step's, once reduced
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
@@ -134,6 +137,19 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 if key != "params":
                     group.setdefault(key, value)
         self._built = True
+
+    def _open_lanes(self) -> dict[int, zero_lanes.SpaceLanes]:
+        """Lanes for the spaces whose chunks can go on them (zero_lanes.py), by space;
+        alike on every rank (the same layout and transport)."""
+        lanes = {}
+        for space in self._spaces:
+            if zero_lanes.carried(space):
+                opened = zero_lanes.SpaceLanes(
+                    f"{self._what}.layout.{self._layouts - 1}", space,
+                    self.process_set.rank(), self.process_set.size(), self.process_set)
+                if opened.opened:
+                    lanes[space.index] = opened
+        return lanes
 
     def _gradient_buffers(self) -> list[torch.Tensor]:
         """Each parameter's gradient as a view of its space's flat buffer, and a hook
@@ -198,27 +214,57 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         anywhere, self._reduced = self._reduce_once(), None
-        if zero_amp.under_scaler(self) and zero_amp.unscaled_or_skipped(self):
-            for _, _, tensor in self._pieces:      # skipped on every rank alike
+        try:
+            if zero_amp.under_scaler(self) and zero_amp.unscaled_or_skipped(self):
+                return loss                        # skipped on every rank alike
+            for group, local in zip(self.param_groups, self._local.param_groups):
+                local.update(zero_state.hyperparameters(group))   # a scheduler changes them
+            try:
+                self._local.step()
+            except BaseException:
+                self._gather_failed(anywhere)
+                raise
+            self._allgather(anywhere)
+        finally:
+            self._steps += 1
+            for _, _, tensor in self._pieces:
                 tensor.grad = None
-            return loss
-        for group, local in zip(self.param_groups, self._local.param_groups):
-            local.update(zero_state.hyperparameters(group))   # a scheduler changes them
-        self._local.step()
-        self._allgather(anywhere)
-        for _, _, tensor in self._pieces:
-            tensor.grad = None
         return loss
+
+    def _gather_failed(self, anywhere: list[bool]) -> None:
+        """This rank's step raised: the lanes' allgathers fail on every rank (each names
+        this rank), and this rank raises its own error."""
+        if self._lanes:
+            try:
+                self._allgather(anywhere, failed=True)
+            except HvdliteError:
+                pass
 
     def _reduce_once(self) -> list[bool]:
         """Flags, then each rank's averaged gradients in its pieces' ``.grad``, unless
         done since the last gradient arrived; which parameters had one on any rank."""
         if self._reduced is None:
             self._refresh_views()
-            anywhere = self._gradients_anywhere()
-            self._reduce_scatter(anywhere)
+            for position, param in enumerate(self._params):
+                if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
+                    self._into_view(param, position)
+            flags = [0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
+                     for p in self._params]
+            received = self._reduce_on_lanes(flags)
+            anywhere = self._gradients_anywhere(flags, received)
+            self._reduce_scatter(anywhere, received)
             self._reduced = anywhere
         return self._reduced
+
+    def _reduce_on_lanes(self, flags: list[float]) -> dict[int, list[Any]]:
+        """The lanes' spaces reduced (zero_lanes.py): each one's parts, chunk by chunk,
+        each with the summed flags of its parameters (dense 1, sparse size + 1)."""
+        received = {}
+        for index, lanes in self._lanes.items():
+            marks = np.array([0.0 if f == 0.0 else 1.0 if f == 1.0 else lanes.size + 1.0
+                              for f in flags], lanes.dtype)
+            received[index] = lanes.reduce(self._flat_grads[index], marks, self._steps)
+        return received
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -247,12 +293,22 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             "would change nothing that step() uses. Call "
             "optimizer.clip_grad_norm_(max_norm) before step() instead")
 
-    def _gradients_anywhere(self) -> list[bool]:
-        flags = torch.tensor([0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
-                              for p in self._params], dtype=torch.float32)
-        found = allreduce(flags, op=Max, name=f"{self._what}.gradients",
-                          process_set=self.process_set) if len(flags) else flags
-        sparse = [i for i, flag in enumerate(found.tolist()) if flag == _SPARSE]
+    def _gradients_anywhere(self, flags: list[float],
+                            received: dict[int, list[Any]]) -> list[bool]:
+        """Which parameters had a gradient on any rank: from the lanes' flags, and from
+        one allreduce where a space is not on a lane."""
+        found = flags
+        if len(self._lanes) < len(self._spaces) and flags:
+            found = allreduce(torch.tensor(flags, dtype=torch.float32), op=Max,
+                              name=f"{self._what}.gradients",
+                              process_set=self.process_set).tolist()
+        for index, parts in received.items():
+            size, found = self._lanes[index].size, list(found)
+            for chunk, part in zip(self._spaces[index].chunks, parts):
+                marks = part[chunk.counts[self.process_set.rank()]:][:len(chunk.positions)]
+                for position, mark in zip(chunk.positions, marks.tolist()):
+                    found[position] = _SPARSE if mark > size else 1.0 if mark else 0.0
+        sparse = [i for i, flag in enumerate(found) if flag == _SPARSE]
         if sparse:
             mine = [i for i in sparse if self._params[i].grad is not None
                     and self._params[i].grad.is_sparse]
@@ -261,63 +317,35 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 f"rank {runtime.rank()}: {self._what}: parameter {sparse[0]} has a sparse "
                 f"gradient on {where}; ZeroRedundancyOptimizer shards dense gradients only "
                 "(use DistributedOptimizer, or an embedding with sparse=False)")
-        return [flag != 0.0 for flag in found.tolist()]
+        return [flag != 0.0 for flag in found]
 
-    def _reduce_scatter(self, anywhere: list[bool]) -> None:
-        """Each chunk's gradients averaged into its owners' parts; the pieces' ``.grad``
-        views of this rank's parts (None where no rank had a gradient)."""
-        for position, param in enumerate(self._params):
-            if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
-                self._into_view(param, position)
-        parts: dict[tuple[int, int], torch.Tensor] = {}
-        started: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
-        for space, flat in zip(self._spaces, self._flat_grads):
-            for k, chunk in enumerate(space.chunks):
-                if not any(anywhere[p] for p in chunk.positions):
-                    continue
-                # In flight, each takes a chunk's copy in the engine: a few at a time.
-                started.append(((space.index, k), collectives.reducescatter_async(
-                    TORCH, flat[chunk.start:chunk.stop],
-                    name=f"{self._what}.grads.{space.index}.{k}", op=int(ReduceOp.AVERAGE),
-                    process_set=self.process_set, splits=chunk.counts)))
-                if len(started) == IN_FLIGHT:
-                    key, handle = started.popleft()
-                    parts[key] = synchronize(handle)
-        for key, handle in started:
-            parts[key] = synchronize(handle)
+    def _reduce_scatter(self, anywhere: list[bool], received: dict[int, list[Any]]) -> None:
+        """Each chunk's gradients averaged into its owners' parts (the lanes' ``received``
+        already); the pieces' ``.grad`` views of this rank's parts (None where no rank
+        had a gradient)."""
+        parts = zero_rounds.reduce_scatter(
+            self._what, [s for s in self._spaces if s.index not in self._lanes],
+            [f for s, f in zip(self._spaces, self._flat_grads) if s.index not in self._lanes],
+            anywhere, self.process_set)
+        parts.update({(index, k): torch.from_numpy(part) for index, each in received.items()
+                      for k, part in enumerate(each)})
         for space, piece, tensor in self._pieces:
             if anywhere[piece.position]:
                 begin = piece.offset - space.chunks[piece.chunk].mine[0]
                 part = parts[(space.index, piece.chunk)]
                 tensor.grad = part[begin:begin + piece.stop - piece.start]
 
-    def _allgather(self, anywhere: list[bool]) -> None:
-        """Every chunk that held a stepped parameter, from its owners to every rank: each
-        rank sends its part of the chunk straight from the parameter where one piece is
-        all of it, else the pieces joined. At most IN_FLIGHT chunks are under way:
-        each brings a whole chunk, and all of them at once would be the model's size
-        again."""
+    def _allgather(self, anywhere: list[bool], failed: bool = False) -> None:
+        """The stepped parameters, from their owners to every rank; ``failed``: this
+        rank's step raised (only the lanes then go, each failing on every rank)."""
         by_chunk = self._pieces_by_chunk
-        chunks = [(space, k, chunk) for space in self._spaces
-                  for k, chunk in enumerate(space.chunks)
-                  if any(anywhere[p] for p in chunk.positions)]
-        started: collections.deque[tuple[Space, Any, int]] = collections.deque()
-        for space, k, chunk in chunks:
-            mine = by_chunk.get((space.index, k), [])
-            part = (mine[0] if len(mine) == 1 else torch.cat(mine) if mine else
-                    torch.empty(0, dtype=space.dtype, device=space.device))
-            started.append((space, chunk, collectives.allgather_async(
-                TORCH, part, f"{self._what}.params.{space.index}.{k}", self.process_set)))
-            if len(started) == IN_FLIGHT:
-                self._gathered(*started.popleft())
-        while started:
-            self._gathered(*started.popleft())
-
-    def _gathered(self, space: Space, chunk: Any, handle: int) -> None:
-        flat = synchronize(handle)
-        for position in chunk.positions:
-            in_chunk, in_param = space.overlap(chunk, position)
-            self._params[position].view(-1)[in_param] = flat[in_chunk]
+        for index, lanes in self._lanes.items():
+            lanes.gather(lambda k, index=index: by_chunk.get((index, k), []), self._params,
+                         self._steps, failed)
+        if not failed:
+            zero_rounds.allgather(self._what,
+                                  [s for s in self._spaces if s.index not in self._lanes],
+                                  by_chunk, self._params, anywhere, self.process_set)
 
     # -- torch's other methods --------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:

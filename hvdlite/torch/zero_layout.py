@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+IN_FLIGHT = 2          # chunks reduced or gathered at once, each a chunk of memory
+
 
 class Piece:
     """A part of one parameter that this rank owns, within one chunk: ``start:stop`` of

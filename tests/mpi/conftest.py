@@ -177,21 +177,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @contextlib.contextmanager
-def submissions() -> Iterator[list[str]]:
-    """The names of what this rank hands the engine while inside: requests to negotiate
-    and buckets on a lane (hvdlite/engine/lane.py) alike, in order."""
-    engine, names = runtime.engine(), []
+def handed() -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """The names of what this rank hands the engine while inside: everything in order,
+    the requests to negotiate, and the collectives on a lane (hvdlite/engine/lane.py)."""
+    engine, names, negotiated, on_lanes = runtime.engine(), [], [], []
     submit, submit_lane = engine.submit, engine.submit_lane
 
-    def negotiated(request: Any, finish: Any = None) -> int:
+    def to_negotiate(request: Any, finish: Any = None) -> int:
         names.append(request.desc.name)
+        negotiated.append(request.desc.name)
         return submit(request, finish)
 
     def on_lane(lane_id: int, op: Any) -> int:
         names.append(op.name)
+        on_lanes.append(op.name)
         return submit_lane(lane_id, op)
-    engine.submit, engine.submit_lane = negotiated, on_lane   # instance attributes shadow
+    engine.submit, engine.submit_lane = to_negotiate, on_lane   # instance attributes shadow
     try:
-        yield names
+        yield names, negotiated, on_lanes
     finally:
         del engine.submit, engine.submit_lane
+
+
+@contextlib.contextmanager
+def submissions() -> Iterator[list[str]]:
+    """The names of what this rank hands the engine while inside, negotiated or on a
+    lane alike, in order."""
+    with handed() as (names, _, _):
+        yield names
+
+
+@pytest.fixture(params=[True, False], ids=["lane", "negotiated"])
+def lane(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """HVDLITE_LANE on or off for the test (every host transport has a lane)."""
+    previous = runtime.config().lane
+    reconfigure(lane=request.param)
+    yield request.param
+    reconfigure(lane=previous)

@@ -5,7 +5,6 @@ negotiated) where the two must agree."""
 from __future__ import annotations
 
 import re
-from typing import Iterator
 
 import pytest
 
@@ -13,21 +12,11 @@ torch = pytest.importorskip("torch")
 
 import hvdlite.torch as hvd  # noqa: E402
 from hvdlite.api import runtime  # noqa: E402
-from hvdlite.api.control import reconfigure  # noqa: E402
 from tests.mpi.conftest import assert_identical_everywhere, submissions  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 ROWS = 6
 _RESULTS: dict[bool, list["torch.Tensor"]] = {}     # the join test's, by path
-
-
-@pytest.fixture(params=[True, False], ids=["lane", "negotiated"])
-def lane(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """HVDLITE_LANE on or off for the test (every host transport has a lane)."""
-    previous = runtime.config().lane
-    reconfigure(lane=request.param)
-    yield request.param
-    reconfigure(lane=previous)
 
 
 def _model() -> "torch.nn.Module":

@@ -1,0 +1,145 @@
+"""ZeroRedundancyOptimizer on lanes (hvdlite/torch/zero_lanes.py): after the first step
+nothing is negotiated, training matches the negotiated path (HVDLITE_LANE=0), and what
+a round would have caught is still an error on every rank: a rank whose own step
+raised, and a rank that joined while the others step. The lanes' collectives against
+NumPy, with awkward sizes, are tests/unit/test_lane_shards.py's."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvdlite.torch as hvd  # noqa: E402
+from hvdlite.api import runtime  # noqa: E402
+from hvdlite.api.control import reconfigure  # noqa: E402
+from tests.mpi.conftest import assert_identical_everywhere, handed  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+ROWS = 4
+
+
+def _model() -> "torch.nn.Module":
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(7, 13), torch.nn.Tanh(),
+                               torch.nn.Linear(13, 5)).double()
+
+
+def _backward(model: "torch.nn.Module", step: int) -> None:
+    generator = torch.Generator().manual_seed(100 * step + hvd.rank())
+    x = torch.randn(ROWS, 7, generator=generator, dtype=torch.float64)
+    model(x).pow(2).mean().backward()
+
+
+def _zero(model: "torch.nn.Module", kind: type = torch.optim.Adam) -> Any:
+    return hvd.ZeroRedundancyOptimizer(model.parameters(), kind, lr=0.01)
+
+
+def _on_lanes(optimizer: Any) -> bool:
+    """Lanes of these kinds are MPI's; the torch transport negotiates every chunk."""
+    return bool(optimizer._lanes)
+
+
+def test_a_step_on_lanes_negotiates_nothing(lane: bool) -> None:
+    model = _model()
+    optimizer = _zero(model)
+    for step in range(3):
+        with handed() as (_, negotiated, on_lanes):
+            optimizer.zero_grad()
+            _backward(model, step)
+            optimizer.step()
+        if not _on_lanes(optimizer):
+            assert any(name.endswith(".gradients") for name in negotiated), negotiated
+            continue
+        assert negotiated == [], negotiated
+        chunks = len(optimizer._spaces[0].chunks)
+        assert [n.split(".")[-3] for n in on_lanes] == ["grads"] * chunks + ["params"] * chunks
+    assert _on_lanes(optimizer) == (lane and runtime.engine().transport.name == "mpi")
+    assert_identical_everywhere([p.detach() for p in model.parameters()])
+
+
+def test_chunks_shared_unevenly_by_the_ranks_are_negotiated(small_chunks: None) -> None:
+    """Chunks smaller than the space lie in one or two ranks' ranges: negotiated
+    (zero_lanes.carried says why); on one rank every chunk is even, and on lanes."""
+    model = _model()
+    optimizer = _zero(model)
+    assert _on_lanes(optimizer) == (hvd.size() == 1 and runtime.engine().transport.name == "mpi")
+    for step in range(2):
+        optimizer.zero_grad()
+        _backward(model, step)
+        optimizer.step()
+    assert_identical_everywhere([p.detach() for p in model.parameters()])
+
+
+def test_lanes_train_as_the_negotiated_path() -> None:
+    """float64, Adam, 6 steps, a frozen bias from the third: the same parameters
+    within 1e-12 (the sums' order may differ), bitwise alike on every rank."""
+    results = []
+    for on in (True, False):
+        previous = runtime.config().lane
+        reconfigure(lane=on)
+        try:
+            model = _model()
+            optimizer = _zero(model)
+            for step in range(6):
+                model[2].bias.requires_grad_(step < 2)
+                optimizer.zero_grad()
+                _backward(model, step)
+                optimizer.step()
+        finally:
+            reconfigure(lane=previous)
+        params = [p.detach().clone() for p in model.parameters()]
+        assert_identical_everywhere(params)
+        results.append(params)
+    for on_lanes, negotiated in zip(*results):
+        torch.testing.assert_close(on_lanes, negotiated, rtol=0, atol=1e-12)
+
+
+class _FailsOnLastRank(torch.optim.SGD):
+    def step(self, closure: Any = None) -> Any:
+        if hvd.rank() == hvd.size() - 1 and getattr(self, "fail", False):
+            raise RuntimeError("this rank's optimizer failed")
+        return super().step(closure)
+
+
+def test_a_rank_whose_step_raises_fails_every_rank_and_the_next_step_goes_on() -> None:
+    model = _model()
+    optimizer = _zero(model, _FailsOnLastRank)
+    if not _on_lanes(optimizer):
+        pytest.skip("negotiated chunks: the others wait in the allgather (a deadlock "
+                    "error, tests/mpi/test_deadlock.py's)")
+    last = hvd.size() - 1
+    optimizer.local_optimizer.fail = True
+    _backward(model, 0)
+    with pytest.raises(Exception) as caught:
+        optimizer.step()
+    if hvd.rank() == last:
+        assert isinstance(caught.value, RuntimeError), caught.value
+    else:
+        assert isinstance(caught.value, hvd.UsageError), caught.value
+        assert f"rank {last}'s step failed, so '" in str(caught.value)
+    optimizer.local_optimizer.fail = False
+    optimizer.zero_grad()
+    _backward(model, 1)
+    optimizer.step()                     # the lanes still pair up
+
+
+def test_a_rank_that_joined_fails_the_others_step_clearly() -> None:
+    if hvd.size() < 2:
+        pytest.skip("needs a rank to join while the others step")
+    model = _model()
+    optimizer = _zero(model)
+    if not _on_lanes(optimizer):
+        pytest.skip("negotiated chunks: a joined rank's part is Horovod's join's")
+    last = hvd.size() - 1
+    if hvd.rank() != last:
+        _backward(model, 0)
+        with pytest.raises(hvd.UsageError, match=r"1 rank\(s\) joined \(hvd.join\) while "
+                                                  r"the others exchanged"):
+            optimizer.step()
+    hvd.join()
+    optimizer.zero_grad()
+    _backward(model, 1)
+    optimizer.step()                     # after the join, every rank steps alike
+    assert_identical_everywhere([p.detach() for p in model.parameters()])
