@@ -32,13 +32,7 @@ from hvdlite.torch.zero_layout import IN_FLIGHT, Space
 
 
 def carried(space: Space) -> bool:
-    """Whether the space goes on lanes: its dtype and device, and every chunk shared
-    evenly by the ranks. A chunk smaller than the space lies mostly in one or two
-    ranks' ranges, and MPICH's nonblocking reduce-scatter and allgather of such
-    skewed parts took 20x the time of even ones (11.6 M float32 in two chunks at
-    4 ranks: 0.7 s an allgather, against 36 ms in one chunk); those stay negotiated."""
-    return (lane.carries(str(space.dtype).split(".")[-1], space.device.type)
-            and all(max(chunk.counts) - min(chunk.counts) <= 1 for chunk in space.chunks))
+    return lane.carries(str(space.dtype).split(".")[-1], space.device.type)
 
 
 class SpaceLanes:
@@ -69,14 +63,10 @@ class SpaceLanes:
         """Where chunk ``k``'s gathered segments go: (from, to) in the allgather's output,
         the parameter, and where in its flattened elements."""
         chunk, plan = self.space.chunks[k], []
-        starts = np.cumsum([0, *chunk.counts])
         for position in chunk.positions:
-            in_chunk, in_param = self.space.overlap(chunk, position)
-            for r, count in enumerate(chunk.counts):
-                lo, hi = max(in_chunk.start, starts[r]), min(in_chunk.stop, starts[r] + count)
-                if lo < hi:
-                    at = in_param.start + lo - in_chunk.start
-                    plan.append((int(lo + r * W), int(hi + r * W), position, int(at)))
+            for r, in_chunk, in_param in self.space.overlap(chunk, position):
+                plan.append((in_chunk.start + r * W, in_chunk.stop + r * W, position,
+                             in_param.start))
         return plan
 
     def reduce(self, flat: torch.Tensor, flags: np.ndarray, step: int) -> list[np.ndarray]:
@@ -87,12 +77,12 @@ class SpaceLanes:
 
         def start(k: int, buf: np.ndarray) -> int:
             chunk, segments = self.space.chunks[k], self._reduce_segments[k]
-            send, begin, at = buf[:sum(segments)], chunk.start, 0
+            send, at = buf[:sum(segments)], 0
             marks = flags[chunk.positions]
-            for count, segment in zip(chunk.counts, segments):
-                send[at:at + count] = source[begin:begin + count]
+            for (begin, end), count, segment in zip(chunk.segments, chunk.counts, segments):
+                send[at:at + count] = source[begin:end]
                 send[at + count:at + count + len(marks)] = marks
-                begin, at = begin + count, at + segment
+                at += segment
             out = np.empty(segments[self.rank], self.dtype)
             received.append(out)
             return self._grads.submit(send, chunk.counts[self.rank], 1.0 / self.size, step,

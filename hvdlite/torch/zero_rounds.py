@@ -29,9 +29,10 @@ def reduce_scatter(what: str, spaces: Sequence[Space], flats: Sequence[torch.Ten
         for k, chunk in enumerate(space.chunks):
             if not any(anywhere[p] for p in chunk.positions):
                 continue
+            runs = [flat[start:stop] for start, stop in chunk.segments if stop > start]
             # In flight, each takes a chunk's copy in the engine: a few at a time.
             started.append(((space.index, k), collectives.reducescatter_async(
-                TORCH, flat[chunk.start:chunk.stop],
+                TORCH, runs[0] if len(runs) == 1 else torch.cat(runs),
                 name=f"{what}.grads.{space.index}.{k}", op=int(ReduceOp.AVERAGE),
                 process_set=process_set, splits=chunk.counts)))
             if len(started) == IN_FLIGHT:
@@ -69,5 +70,5 @@ def allgather(what: str, spaces: Sequence[Space],
 def _gathered(params: Sequence[torch.Tensor], space: Space, chunk: Any, handle: int) -> None:
     flat = synchronize(handle)
     for position in chunk.positions:
-        in_chunk, in_param = space.overlap(chunk, position)
-        params[position].view(-1)[in_param] = flat[in_chunk]
+        for _, in_chunk, in_param in space.overlap(chunk, position):
+            params[position].view(-1)[in_param] = flat[in_chunk]

@@ -92,8 +92,8 @@ def _gather_key(opt: ZeroRedundancyOptimizer, space: Any, key: str, dtype: torch
             if whole is None:
                 whole = state[position][key] = torch.empty(
                     opt._params[position].shape, dtype=dtype, device=space.device)
-            in_chunk, in_param = space.overlap(chunk, position)
-            whole.view(-1)[in_param] = flat[in_chunk]
+            for _, in_chunk, in_param in space.overlap(chunk, position):
+                whole.view(-1)[in_param] = flat[in_chunk]
 
 
 def hyperparameters(group: dict[str, Any]) -> dict[str, Any]:

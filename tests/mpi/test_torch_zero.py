@@ -97,13 +97,10 @@ def test_each_element_has_one_owner_and_shares_differ_by_one_at_most(small_chunk
     model = _Model()
     optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01)
     _train(model, optimizer, range(2), hvd.rank(), hvd.size())
-    ranges = hvd.allgather_object([(s.index, s.lo, s.hi, s.total) for s in optimizer._spaces])
-    for spaces in zip(*ranges):
-        total = spaces[0][3]
-        assert [lo for _, lo, _, _ in spaces] == [0] + [hi for _, _, hi, _ in spaces[:-1]]
-        assert spaces[-1][2] == total
-        shares = [hi - lo for _, lo, hi, _ in spaces]
-        assert max(shares) - min(shares) <= 1
+    sizes = hvd.allgather_object([(s.index, s.shard_size, s.total) for s in optimizer._spaces])
+    for spaces in zip(*sizes):
+        shares = [share for _, share, _ in spaces]
+        assert sum(shares) == spaces[0][2] and max(shares) - min(shares) <= 1
     mine = sum(v.numel() for state in optimizer.local_optimizer.state.values()
                for v in state.values() if v.dim() > 0)
     every = sum(p.numel() for p in model.parameters()) * 2      # Adam's two moments

@@ -41,7 +41,7 @@ def _on_lanes(optimizer: Any) -> bool:
     return bool(optimizer._lanes)
 
 
-def test_a_step_on_lanes_negotiates_nothing(lane: bool) -> None:
+def test_a_step_on_lanes_negotiates_nothing(lane: bool, small_chunks: None) -> None:
     model = _model()
     optimizer = _zero(model)
     for step in range(3):
@@ -59,36 +59,26 @@ def test_a_step_on_lanes_negotiates_nothing(lane: bool) -> None:
     assert_identical_everywhere([p.detach() for p in model.parameters()])
 
 
-def test_chunks_shared_unevenly_by_the_ranks_are_negotiated(small_chunks: None) -> None:
-    """Chunks smaller than the space lie in one or two ranks' ranges: negotiated
-    (zero_lanes.carried says why); on one rank every chunk is even, and on lanes."""
-    model = _model()
-    optimizer = _zero(model)
-    assert _on_lanes(optimizer) == (hvd.size() == 1 and runtime.engine().transport.name == "mpi")
-    for step in range(2):
-        optimizer.zero_grad()
-        _backward(model, step)
-        optimizer.step()
-    assert_identical_everywhere([p.detach() for p in model.parameters()])
-
-
-def test_lanes_train_as_the_negotiated_path() -> None:
-    """float64, Adam, 6 steps, a frozen bias from the third: the same parameters
-    within 1e-12 (the sums' order may differ), bitwise alike on every rank."""
+@pytest.mark.parametrize("chunk_bytes", [40, 1 << 20], ids=["chunks", "one-chunk"])
+def test_lanes_train_as_the_negotiated_path(chunk_bytes: int) -> None:
+    """float64, Adam, 6 steps, a frozen bias from the third, in chunks of 5 elements
+    (each rank's run of every chunk even, at most 3) or one: the same parameters within
+    1e-12 (the sums' order may differ), bitwise alike on every rank."""
     results = []
     for on in (True, False):
-        previous = runtime.config().lane
-        reconfigure(lane=on)
+        previous = runtime.config().lane, runtime.config().bucket_bytes
+        reconfigure(lane=on, bucket_bytes=chunk_bytes)
         try:
             model = _model()
             optimizer = _zero(model)
+            assert len(optimizer._spaces[0].chunks) > 1 or chunk_bytes > 40
             for step in range(6):
                 model[2].bias.requires_grad_(step < 2)
                 optimizer.zero_grad()
                 _backward(model, step)
                 optimizer.step()
         finally:
-            reconfigure(lane=previous)
+            reconfigure(lane=previous[0], bucket_bytes=previous[1])
         params = [p.detach().clone() for p in model.parameters()]
         assert_identical_everywhere(params)
         results.append(params)
