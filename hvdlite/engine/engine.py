@@ -33,7 +33,7 @@ from hvdlite.config import sources as config_sources
 from hvdlite.engine.executor import Executor
 from hvdlite.engine.handles import HandleTable
 from hvdlite.engine.lane import LaneKind
-from hvdlite.engine.lanes import Lanes, OnLanes
+from hvdlite.engine.lanes import Lanes, OnLanes, shared_counts
 from hvdlite.engine.stopping import Stoppable
 from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, ShutdownError,
                             StallError, error_class)
@@ -281,11 +281,11 @@ class Engine(Stoppable, OnLanes):
     def _full_round(self, state: SetState) -> bool:
         now = time.monotonic()
         on_global = state.set_id == GLOBAL_SET_ID
+        shutting = self._shutdown_requested and on_global
         report = Report([(r.desc, now - r.submitted_at) for r in state.pending.values()],
-                        self._shutdown_requested and on_global,
-                        not on_global and self.registry.in_join(),
+                        shutting, not on_global and self.registry.in_join(),
                         self._deadlock.pending(self.registry.members(), self.lanes) if on_global
-                        else None)
+                        else None, self.lanes.counts() if shutting else None)
         gathered = state.comm.gather_awaited(report, self._waiter.wait)
         verdict = None
         if state.coordinator is not None:
@@ -293,6 +293,7 @@ class Engine(Stoppable, OnLanes):
         verdict = state.comm.bcast_awaited(verdict, self._waiter.wait)
         self._dispatch(state, verdict.responses, cached=False)
         if verdict.shutdown_ranks:
+            self._finish_lanes(verdict.finish)
             ranks = [state.ranks[r] for r in verdict.shutdown_ranks]
             self._stop(ShutdownError(
                 f"hvdlite was shut down on rank(s) {ranks}; no further collectives can "
@@ -316,7 +317,8 @@ class Engine(Stoppable, OnLanes):
         shutdown = [r for r, report in enumerate(gathered) if report.shutdown]
         stuck = "" if state.set_id != GLOBAL_SET_ID else self._deadlock.judge(
             gathered, responses, self.registry.registered())
-        return Verdict(responses, shutdown, message, stuck)
+        return Verdict(responses, shutdown, message, stuck,
+                       finish=shared_counts([gathered[r].lanes for r in shutdown]))
 
     def _check_stalls(self) -> None:
         """On each coordinator, between rounds. A stall that must become an error

@@ -88,6 +88,15 @@ class Lanes:
     def busy(self) -> bool:
         return any(lane.busy for lane in self._lanes.values())
 
+    def counts(self) -> dict[tuple[int, int], int]:
+        """Each lane's collectives finished here so far, by key (alike on every rank)."""
+        return {lane.key: lane.started - len(lane.running) for lane in self._lanes.values()}
+
+    def behind(self, counts: dict[tuple[int, int], int]) -> bool:
+        """Whether a collective started here is among the first ``counts`` of its lane."""
+        return any(lane.running and lane.running[0].position < counts.get(lane.key, 0)
+                   for lane in self._lanes.values())
+
     @property
     def queued(self) -> bool:
         return any(lane.queued for lane in self._lanes.values())
@@ -173,6 +182,14 @@ class Lanes:
             if message is not None:
                 return StallError(message)
         return None
+
+
+def shared_counts(counts: Sequence[Optional[dict]]) -> dict:
+    """By lane key, the fewest collectives any of ``counts`` finished (none: 0)."""
+    if not counts or any(each is None for each in counts):
+        return {}
+    keys = set.intersection(*(set(each) for each in counts))
+    return {key: min(each[key] for each in counts) for key in keys}
 
 
 def serve_lanes_until(engine: OnLanes, deadline: float) -> None:
@@ -265,6 +282,18 @@ class OnLanes:
         if self._serve_lanes():
             self.handles.notify()
         return lanes.busy
+
+    def _finish_lanes(self, counts: dict[tuple[int, int], int]) -> None:
+        """Ranks shut down, each once its own collectives on the lanes were done: those
+        complete here too, with no part of theirs still to come, so they are served to
+        the end rather than failed (a script whose last step's allgather is still
+        under way here when rank 0 exits). HVDLITE_STALL_CHECK_TIME bounds the wait."""
+        until = time.monotonic() + max(self.config.stall_check_time, 1.0)
+        while self.lanes.behind(counts) and time.monotonic() < until:
+            if self._serve_lanes():
+                self.handles.notify()
+            else:
+                time.sleep(waiting.FIRST_PAUSE_S)
 
     def _has_work_or_lanes(self) -> bool:
         return self._has_work() or self.lanes.queued

@@ -261,6 +261,7 @@ class Report:
     shutdown: bool
     joined: bool = False        # in join(): said on sets other than the global one
     pending: Optional[list] = None   # asked for by a deadlock check (failure/deadlock.py)
+    lanes: Optional[dict] = None     # shutting down: each lane's collectives finished, by key
 
 
 @dataclasses.dataclass
@@ -270,3 +271,6 @@ class Verdict:
     shutdown_ranks: list[int]
     stall: str = ""
     deadlock: str = ""          # every rank is blocked for good: fail their pending requests
+    # A shutdown: by lane key, the collectives every rank that shut down finished: the
+    # others finish theirs too before they stop.
+    finish: dict = dataclasses.field(default_factory=dict)

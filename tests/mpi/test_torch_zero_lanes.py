@@ -5,6 +5,7 @@ raised, and a rank that joined while the others step. The lanes' collectives aga
 NumPy, with awkward sizes, are tests/unit/test_lane_shards.py's."""
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -133,3 +134,47 @@ def test_a_rank_that_joined_fails_the_others_step_clearly() -> None:
     _backward(model, 1)
     optimizer.step()                     # after the join, every rank steps alike
     assert_identical_everywhere([p.detach() for p in model.parameters()])
+
+
+class _Held:
+    """A lane collective that reports itself done only once ``released`` is set."""
+
+    def __init__(self, pending: Any, released: threading.Event) -> None:
+        self._pending, self._released = pending, released
+
+    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
+        return self._released.is_set() and self._pending.Test()
+
+
+def test_a_rank_that_shuts_down_after_its_last_step_leaves_the_others_to_finish() -> None:
+    """Rank 0 steps and shuts down at once, as a script that ends after its last
+    step does at exit. The others' engines see their last allgather done only once
+    that shutdown has reached them (held here, so that the order is certain): they
+    finish it, every rank's step returns, and the parameters are alike."""
+    if hvd.size() < 2 or runtime.engine().transport.name != "mpi":
+        pytest.skip("needs a peer, and lanes of these kinds (MPI)")
+    model = _model()
+    optimizer = _zero(model)
+    engine, released = runtime.engine(), threading.Event()
+    if hvd.rank() != 0:
+        lane_id = optimizer._lanes[0]._params.lane_id
+        channel = engine.lanes._lanes[lane_id].channel
+        start = channel.start_allgather
+        channel.start_allgather = lambda *args: _Held(start(*args), released)
+        finish = engine._finish_lanes
+
+        def shutdown_reached(counts: Any) -> None:
+            released.set()
+            finish(counts)
+        engine._finish_lanes = shutdown_reached
+    _backward(model, 0)
+    error = None
+    try:
+        optimizer.step()
+    except hvd.HvdliteError as caught:      # a ShutdownError, were it not finished
+        error = caught
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    assert_identical_everywhere([p.detach() for p in model.parameters()])
+    assert error is None, error

@@ -167,3 +167,26 @@ def test_a_sum_waiting_past_the_stall_times_is_logged_then_a_stall(
     warned, stalled = run_transports(2, work)[0]
     assert warned is None and "bucket 'the.bucket' (step 3" in str(stalled)
     assert any("has waited 61 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_shutdown_leaves_to_finish_what_every_shutting_rank_finished() -> None:
+    """The counts a shutdown's verdict carries: by lane, the fewest any rank that shut
+    down finished; a lane one of them never had, none."""
+    from hvdlite.engine.lanes import shared_counts
+    assert shared_counts([{(0, 0): 3, (0, 1): 1}, {(0, 0): 2}]) == {(0, 0): 2}
+    assert shared_counts([{(0, 0): 3}]) == {(0, 0): 3}
+    assert shared_counts([]) == {} and shared_counts([None, {(0, 0): 1}]) == {}
+
+    def work(transport: ThreadTransport) -> Any:
+        lanes, handles, lane_id = _open(transport, [1 + CHECK_WORDS], np.float32)
+        op = LaneOp(_bucket(np.ones(1, np.float32)), 1, 1.0, 0, "b")
+        op.handle = 0
+        lanes.submit(lane_id, op)
+        lanes.serve(time.monotonic(), False)
+        before = lanes.counts(), lanes.behind({(0, 0): 1})
+        _serve(lanes, handles, {0})
+        return before, lanes.counts(), lanes.behind({(0, 0): 1})
+    for (counts, behind), after, behind_after in run_transports(2, work):
+        assert counts in ({(0, 0): 0}, {(0, 0): 1})   # the first Test may finish it
+        assert behind == (counts == {(0, 0): 0})
+        assert after == {(0, 0): 1} and not behind_after
