@@ -83,7 +83,8 @@ OVERLAP_TESTS := tests/mpi/test_unnamed_ops.py tests/mpi/test_process_set_regist
 # and 4 and say why).
 NP3_TESTS := tests/mpi/test_scaling.py tests/mpi/test_local_sgd.py tests/mpi/test_torch_zero.py \
 	tests/mpi/test_torch_zero_elastic.py tests/mpi/test_torch_zero_clip.py \
-	tests/mpi/test_torch_zero_amp.py tests/mpi/test_torch_zero_lanes.py
+	tests/mpi/test_torch_zero_amp.py tests/mpi/test_torch_zero_lanes.py \
+	tests/mpi/test_torch_zero_overlap.py
 # join() and deadlocks: unnamed calls that a rank in join() skips pair up wrongly from three
 # ranks on, and a set of two that holds the joined rank exists only then.
 JOIN_TESTS := tests/mpi/test_join_collectives.py tests/mpi/test_deadlock.py \
@@ -160,7 +161,8 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
 	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py \
 	test_local_sgd.py test_lane.py test_torch_zero.py test_torch_zero_elastic.py \
-	test_torch_zero_clip.py test_torch_zero_amp.py test_torch_zero_lanes.py)
+	test_torch_zero_clip.py test_torch_zero_amp.py test_torch_zero_lanes.py \
+	test_torch_zero_overlap.py)
 # At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
 # join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
 # stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).

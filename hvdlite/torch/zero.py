@@ -17,8 +17,9 @@ into even ranges). Each step:
 
 A float32 or float64 space on the CPU goes on lanes where the transport has them
 (zero_lanes.py, MPI): every chunk every step with no negotiation round, and the flags
-of step 2 inside the reduce-scatter. Elsewhere (zero_rounds.py) one small allreduce
-agrees on step 2 first, and only the chunks it names are negotiated.
+of step 2 inside the reduce-scatter. There step 1 starts in backward, chunk by chunk
+as their gradients come (zero_overlap.py). Elsewhere (zero_rounds.py) one small
+allreduce agrees on step 2 first, and only the chunks it names are negotiated.
 
 Every element is written by its one owner and copied to the others, so every rank
 holds bitwise the same parameters by construction. The wrapped optimizer sees each
@@ -52,7 +53,7 @@ from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import HvdliteError, NotSupportedError, UsageError
-from hvdlite.torch import zero_amp, zero_clip, zero_lanes, zero_rounds, zero_state
+from hvdlite.torch import zero_amp, zero_clip, zero_lanes, zero_overlap, zero_rounds, zero_state
 from hvdlite.torch.mpi_ops import Max, allreduce
 from hvdlite.torch.zero_layout import Space, lay_out
 
@@ -120,6 +121,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._reduced: Optional[list[bool]] = None   # this step's, once reduced
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
         self._grad_views = self._gradient_buffers()
+        self._passes = zero_overlap.BackwardPasses(self)
         local_groups = [{**zero_state.hyperparameters(group), "params": []}
                         for group in self.param_groups]
         for space in self._spaces:
@@ -174,6 +176,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     and optimizer._params[position] is param):
                 optimizer._reduced = None      # a new gradient: reduce again at step()
                 optimizer._into_view(param, position)
+                optimizer._passes.arrived(position)
         self._hooks = [param.register_post_accumulate_grad_hook(
                            functools.partial(into_view, position=position))
                        for position, param in enumerate(self._params) if param.requires_grad]
@@ -245,26 +248,41 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         done since the last gradient arrived; which parameters had one on any rank."""
         if self._reduced is None:
             self._refresh_views()
+            taken = self._passes.take()        # reduced in backward, if still current
             for position, param in enumerate(self._params):
                 if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
                     self._into_view(param, position)
             flags = [0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
                      for p in self._params]
-            received = self._reduce_on_lanes(flags)
+            received = taken if taken is not None else self._reduce_on_lanes()
             anywhere = self._gradients_anywhere(flags, received)
             self._reduce_scatter(anywhere, received)
             self._reduced = anywhere
         return self._reduced
 
-    def _reduce_on_lanes(self, flags: list[float]) -> dict[int, list[Any]]:
-        """The lanes' spaces reduced (zero_lanes.py): each one's parts, chunk by chunk,
-        each with the summed flags of its parameters (dense 1, sparse size + 1)."""
-        received = {}
-        for index, lanes in self._lanes.items():
-            marks = np.array([0.0 if f == 0.0 else 1.0 if f == 1.0 else lanes.size + 1.0
-                              for f in flags], lanes.dtype)
-            received[index] = lanes.reduce(self._flat_grads[index], marks, self._steps)
-        return received
+    def _reduce_on_lanes(self) -> dict[int, list[Any]]:
+        """The lanes' spaces reduced now (zero_lanes.py): each one's parts, chunk by
+        chunk, each with the summed flags of its parameters."""
+        return {index: lanes.reduce(self._flat_grads[index],
+                                    functools.partial(self._marks, lanes), self._steps)
+                for index, lanes in self._lanes.items()}
+
+    def _start_chunk(self, lanes: zero_lanes.SpaceLanes, k: int) -> None:
+        """Chunk ``k`` of a space on lanes, in backward (zero_overlap.py): its gradients
+        in their views first (none: zeros)."""
+        positions = lanes.space.chunks[k].positions
+        for position in positions:
+            if self._params[position].grad is not self._grad_views[position]:
+                self._into_view(self._params[position], position)
+        lanes.start_reduce(k, self._flat_grads[lanes.space.index],
+                           self._marks(lanes, positions), self._steps)
+
+    def _marks(self, lanes: zero_lanes.SpaceLanes, positions: list[int]) -> np.ndarray:
+        """The flags of ``positions``' gradients: none 0, dense 1, sparse size + 1 (so
+        that their sum over the ranks tells a sparse one apart)."""
+        grads = [self._params[p].grad for p in positions]
+        return np.array([0.0 if g is None else lanes.size + 1.0 if g.is_sparse else 1.0
+                         for g in grads], lanes.dtype)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:

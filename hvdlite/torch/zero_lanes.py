@@ -30,7 +30,6 @@ from hvdlite.api.submission import synchronize
 from hvdlite.torch.zero_layout import IN_FLIGHT, Space
 
 
-
 def carried(space: Space) -> bool:
     return lane.carries(str(space.dtype).split(".")[-1], space.device.type)
 
@@ -44,12 +43,14 @@ class SpaceLanes:
         dtype = str(space.dtype).split(".")[-1]
         self.dtype = np.dtype(dtype)
         chunks = space.chunks
+        # Reduce-scattered last chunk first, as backward makes the gradients (zero_overlap.py).
+        self.order = list(range(len(chunks)))[::-1]
         self._reduce_segments = [[c + len(chunk.positions) + W for c in chunk.counts]
                                  for chunk in chunks]
         self._gather_segments = [[c + W for c in chunk.counts] for chunk in chunks]
-        self._grads = lane.Lane(f"{what}.grads.{space.index}",
-                                [sum(s) for s in self._reduce_segments], dtype, process_set,
-                                lane.LaneKind.REDUCE_SCATTER, self._reduce_segments)
+        in_order = [self._reduce_segments[k] for k in self.order]
+        self._grads = lane.Lane(f"{what}.grads.{space.index}", [sum(s) for s in in_order],
+                                dtype, process_set, lane.LaneKind.REDUCE_SCATTER, in_order)
         self._params = lane.Lane(f"{what}.params.{space.index}",
                                  [sum(s) for s in self._gather_segments], dtype, process_set,
                                  lane.LaneKind.ALLGATHER, self._gather_segments)
@@ -58,6 +59,10 @@ class SpaceLanes:
             self._reduce_segments, self._gather_segments)), default=0)
         self._buffers = [np.empty(largest, self.dtype) for _ in range(IN_FLIGHT)]
         self._plans = [self._plan(k) for k in range(len(chunks))]
+        self._reducing: collections.deque[tuple[int, int, np.ndarray]] = collections.deque()
+        self._received: dict[int, np.ndarray] = {}
+        self._error: Optional[BaseException] = None
+        self._turns = 0          # reduce-scatters started: whose turn each buffer is
 
     def _plan(self, k: int) -> list[tuple[int, int, int, int]]:
         """Where chunk ``k``'s gathered segments go: (from, to) in the allgather's output,
@@ -69,27 +74,54 @@ class SpaceLanes:
                              in_param.start))
         return plan
 
-    def reduce(self, flat: torch.Tensor, flags: np.ndarray, step: int) -> list[np.ndarray]:
-        """Each chunk of ``flat`` summed and averaged into this rank's part: per chunk, the
-        part, the summed flags of its parameters, then the check words."""
-        source = flat.numpy()
-        received: list[np.ndarray] = []
+    def reduce(self, flat: torch.Tensor, marks: Callable[[list[int]], np.ndarray],
+               step: int) -> list[np.ndarray]:
+        """Every chunk of ``flat`` summed and averaged into this rank's part, now (see
+        ``finish_reduce``)."""
+        for k in self.order:
+            self.start_reduce(k, flat, marks(self.space.chunks[k].positions), step)
+        return self.finish_reduce()
 
-        def start(k: int, buf: np.ndarray) -> int:
-            chunk, segments = self.space.chunks[k], self._reduce_segments[k]
-            send, at = buf[:sum(segments)], 0
-            marks = flags[chunk.positions]
-            for (begin, end), count, segment in zip(chunk.segments, chunk.counts, segments):
-                send[at:at + count] = source[begin:end]
-                send[at + count:at + count + len(marks)] = marks
-                at += segment
-            out = np.empty(segments[self.rank], self.dtype)
-            received.append(out)
-            return self._grads.submit(send, chunk.counts[self.rank], 1.0 / self.size, step,
-                                      f"{self.what}.grads.{self.space.index}.{k}", (),
-                                      out=out)
-        self._run(start, lambda k: None)
-        return received
+    def start_reduce(self, k: int, flat: torch.Tensor, marks: np.ndarray, step: int) -> None:
+        """Start chunk ``k``'s reduce-scatter: its segments of ``flat`` copied into a
+        buffer, each followed by ``marks`` (the flags of the chunk's parameters), once
+        a buffer is free. Chunks go in ``order``, every one in each backward pass."""
+        if len(self._reducing) == IN_FLIGHT:
+            self._finish_one()
+        buf = self._buffers[self._turns % IN_FLIGHT]
+        self._turns += 1
+        chunk, segments = self.space.chunks[k], self._reduce_segments[k]
+        source, send, at = flat.numpy(), buf[:sum(segments)], 0
+        for (begin, end), count, segment in zip(chunk.segments, chunk.counts, segments):
+            send[at:at + count] = source[begin:end]
+            send[at + count:at + count + len(marks)] = marks
+            at += segment
+        out = np.empty(segments[self.rank], self.dtype)
+        self._reducing.append((k, self._grads.submit(
+            send, chunk.counts[self.rank], 1.0 / self.size, step,
+            f"{self.what}.grads.{self.space.index}.{k}", (), out=out), out))
+
+    def finish_reduce(self) -> list[np.ndarray]:
+        """Wait for every reduce-scatter started; per chunk, in index order, the latest
+        one's part: this rank's averaged elements, the summed flags of the chunk's
+        parameters, then the check words. The first error is raised once all are done
+        (a buffer is not reused while the engine may write it)."""
+        while self._reducing:
+            self._finish_one()
+        received, error = self._received, self._error
+        self._received, self._error = {}, None
+        if error is not None:
+            raise error
+        return [received[k] for k in range(len(self.space.chunks))]
+
+    def _finish_one(self) -> None:
+        k, handle, out = self._reducing.popleft()
+        try:
+            synchronize(handle)
+        except BaseException as failed:           # noqa: BLE001 (raised by finish_reduce)
+            self._error = self._error or failed
+            return
+        self._received[k] = out
 
     def gather(self, mine: Callable[[int], Sequence[torch.Tensor]], params: Sequence[Any],
                step: int, failed: bool) -> None:
