@@ -1,4 +1,4 @@
-"""ZeroRedundancyOptimizer (hvdlite/torch/zero.py): each rank holds the optimizer state
+"""ZeroRedundancyOptimizer (hvdlite/torch/zero/): each rank holds the optimizer state
 of its share of the elements only, and training reaches DistributedOptimizer's
 parameters (float64: within 1e-10, only the order of summation differs; the issue's
 promise is 1e-6), with bitwise the same parameters on every rank. Parameters of 0, 1,

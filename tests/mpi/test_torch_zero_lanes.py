@@ -1,4 +1,4 @@
-"""ZeroRedundancyOptimizer on lanes (hvdlite/torch/zero_lanes.py): after the first step
+"""ZeroRedundancyOptimizer on lanes (hvdlite/torch/zero/lanes.py): after the first step
 nothing is negotiated, training matches the negotiated path (HVDLITE_LANE=0), and what
 a round would have caught is still an error on every rank: a rank whose own step
 raised, and a rank that joined while the others step. The lanes' collectives against

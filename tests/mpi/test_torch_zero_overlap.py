@@ -1,5 +1,5 @@
 """ZeroRedundancyOptimizer's reduce-scatters started in backward (hvdlite/torch/
-zero_overlap.py), on lanes: last chunk first while backward still runs, and what
+zero/overlap.py), on lanes: last chunk first while backward still runs, and what
 backward cannot know handled at the step: gradients changed in place or set by hand
 after backward, a layer one rank did not use, accumulation. Each against the
 negotiated path (HVDLITE_LANE=0), which reduces at the step."""

@@ -1,4 +1,4 @@
-"""The flat partitions of ZeroRedundancyOptimizer (hvdlite/torch/zero_layout.py), every
+"""The flat partitions of ZeroRedundancyOptimizer (hvdlite/torch/zero/layout.py), every
 rank's view computed here: each element has exactly one owner, shards differ by one
 element at most, chunks follow one another and split evenly (to one element) into
 consecutive segments, a piece lies in its rank's segment of one chunk, a chunk's
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hvdlite.torch.zero_layout import lay_out  # noqa: E402
+from hvdlite.torch.zero.layout import lay_out  # noqa: E402
 
 SIZES = [[0], [1], [7], [0, 1, 2, 3, 5, 7, 11, 13], [31, 33, 63, 65, 127, 129], [1021, 0, 1]]
 

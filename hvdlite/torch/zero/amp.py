@@ -34,7 +34,7 @@ from hvdlite.errors import NotSupportedError
 from hvdlite.torch.mpi_ops import Max, allreduce
 
 if TYPE_CHECKING:
-    from hvdlite.torch.zero import ZeroRedundancyOptimizer
+    from hvdlite.torch.zero.optimizer import ZeroRedundancyOptimizer
 
 
 def agree_on_overflow(opt: "ZeroRedundancyOptimizer") -> None:

@@ -1,5 +1,5 @@
 """A ZeroRedundancyOptimizer's reduce-scatters overlapped with backward, where its spaces
-go on lanes (zero_lanes.py).
+go on lanes (lanes.py).
 
 In every backward pass, every chunk of every such space is reduce-scattered once, last
 chunk first, as backward makes the gradients: a chunk goes as soon as each of its
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from hvdlite.torch.zero import ZeroRedundancyOptimizer
+    from hvdlite.torch.zero.optimizer import ZeroRedundancyOptimizer
 
 
 class BackwardPasses:

@@ -20,7 +20,7 @@ from hvdlite.errors import UsageError
 from hvdlite.torch.mpi_ops import Max, Sum, allreduce
 
 if TYPE_CHECKING:
-    from hvdlite.torch.zero import ZeroRedundancyOptimizer
+    from hvdlite.torch.zero.optimizer import ZeroRedundancyOptimizer
 
 _EPS = 1e-6      # torch's own, so that a norm below max_norm leaves gradients as they are
 

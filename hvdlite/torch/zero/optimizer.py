@@ -3,7 +3,7 @@ stage 1, with stage 2's reduce-scatter of the gradients to their owners; the gra
 themselves stay whole on every rank), with torch's signature and methods, in place of
 ``DistributedOptimizer`` in a training loop.
 
-Every element of every parameter has one owner (zero_layout.py: flat spaces split
+Every element of every parameter has one owner (layout.py: flat spaces split
 into even ranges). Each step:
 
 1. the gradients are reduced **to their owners only**: a reduce-scatter per chunk of
@@ -16,9 +16,9 @@ into even ranges). Each step:
    chunks), and copied into the parameters.
 
 A float32 or float64 space on the CPU goes on lanes where the transport has them
-(zero_lanes.py, MPI): every chunk every step with no negotiation round, and the flags
+(lanes.py, MPI): every chunk every step with no negotiation round, and the flags
 of step 2 inside the reduce-scatter. There step 1 starts in backward, chunk by chunk
-as their gradients come (zero_overlap.py). Elsewhere (zero_rounds.py) one small
+as their gradients come (overlap.py). Elsewhere (rounds.py) one small
 allreduce agrees on step 2 first, and only the chunks it names are negotiated.
 
 Every element is written by its one owner and copied to the others, so every rank
@@ -27,15 +27,15 @@ piece as a flat run of elements, so it must act element by element (SGD, Adam,
 AdamW, RMSprop, Adagrad and the like); one that reads a whole tensor (a norm, as
 LAMB does) would see parts.
 
-``clip_grad_norm_`` (zero_clip.py) runs steps 1 and 2 early and clips the averaged
+``clip_grad_norm_`` (clip.py) runs steps 1 and 2 early and clips the averaged
 shares by their total norm; ``step()`` then goes on from them, unless a new gradient
 arrived since (a post-accumulate hook forgets the early reduction).
 
-``torch.amp.GradScaler`` (zero_amp.py): the scaler's question whether the optimizer
+``torch.amp.GradScaler`` (amp.py): the scaler's question whether the optimizer
 scales by itself reduces early too, and the ranks agree on an overflow there, so
 every rank skips alike.
 
-Checkpoints (zero_state.py): ``consolidate_state_dict(to)`` gathers the state to one
+Checkpoints (state.py): ``consolidate_state_dict(to)`` gathers the state to one
 rank in the plain optimizer's format, which loads into ``optimizer_class`` over the
 same parameters, and into a ZeroRedundancyOptimizer at any world size.
 """
@@ -53,9 +53,14 @@ from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import HvdliteError, NotSupportedError, UsageError
-from hvdlite.torch import zero_amp, zero_clip, zero_lanes, zero_overlap, zero_rounds, zero_state
 from hvdlite.torch.mpi_ops import Max, allreduce
-from hvdlite.torch.zero_layout import Space, lay_out
+from hvdlite.torch.zero import amp as zero_amp
+from hvdlite.torch.zero import clip as zero_clip
+from hvdlite.torch.zero import lanes as zero_lanes
+from hvdlite.torch.zero import overlap as zero_overlap
+from hvdlite.torch.zero import rounds as zero_rounds
+from hvdlite.torch.zero import state as zero_state
+from hvdlite.torch.zero.layout import Space, lay_out
 
 MAX_CHUNK_BYTES = 25 << 20     # a chunk where HVDLITE_BUCKET_BYTES asks for one bucket
 _SPARSE = 2.0                  # a gradient's flag: 1 dense, 2 sparse (refused)
@@ -141,7 +146,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._built = True
 
     def _open_lanes(self) -> dict[int, zero_lanes.SpaceLanes]:
-        """Lanes for the spaces whose chunks can go on them (zero_lanes.py), by space;
+        """Lanes for the spaces whose chunks can go on them (lanes.py), by space;
         alike on every rank (the same layout and transport)."""
         lanes = {}
         for space in self._spaces:
@@ -261,14 +266,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         return self._reduced
 
     def _reduce_on_lanes(self) -> dict[int, list[Any]]:
-        """The lanes' spaces reduced now (zero_lanes.py): each one's parts, chunk by
+        """The lanes' spaces reduced now (lanes.py): each one's parts, chunk by
         chunk, each with the summed flags of its parameters."""
         return {index: lanes.reduce(self._flat_grads[index],
                                     functools.partial(self._marks, lanes), self._steps)
                 for index, lanes in self._lanes.items()}
 
     def _start_chunk(self, lanes: zero_lanes.SpaceLanes, k: int) -> None:
-        """Chunk ``k`` of a space on lanes, in backward (zero_overlap.py): its gradients
+        """Chunk ``k`` of a space on lanes, in backward (overlap.py): its gradients
         in their views first (none: zeros)."""
         positions = lanes.space.chunks[k].positions
         for position in positions:
@@ -401,7 +406,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     @property
     def _step_supports_amp_scaling(self) -> bool:
         """Asked by ``GradScaler.step`` on every rank before it checks the gradients
-        (zero_amp.py): this step's gradients are reduced here, and every rank's check
+        (amp.py): this step's gradients are reduced here, and every rank's check
         shows an overflow where any rank's share holds one."""
         with torch.no_grad():
             self._reduce_once()

@@ -1,4 +1,4 @@
-"""A ZeroRedundancyOptimizer's spaces that are not on lanes (zero_lanes.py: another
+"""A ZeroRedundancyOptimizer's spaces that are not on lanes (lanes.py: another
 dtype or device, a transport without them, HVDLITE_LANE=0): each chunk's
 reduce-scatter and allgather negotiated as any collective is, and only the chunks
 that held a gradient on some rank (the flags' round has agreed which)."""
@@ -14,7 +14,7 @@ from hvdlite.api.process_set import ProcessSet
 from hvdlite.reduce_op import ReduceOp
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.mpi_ops import synchronize
-from hvdlite.torch.zero_layout import IN_FLIGHT, Space
+from hvdlite.torch.zero.layout import IN_FLIGHT, Space
 
 
 

@@ -1,4 +1,4 @@
-"""A ZeroRedundancyOptimizer's state (zero.py) as a whole, and back into shares.
+"""A ZeroRedundancyOptimizer's state (optimizer.py) as a whole, and back into shares.
 
 The whole state has the plain optimizer's format, over the same parameters in the
 same groups: ``{"state": {index: {key: value}}, "param_groups": [...]}``, indices
@@ -25,7 +25,7 @@ from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.mpi_ops import synchronize
 
 if TYPE_CHECKING:
-    from hvdlite.torch.zero import ZeroRedundancyOptimizer
+    from hvdlite.torch.zero.optimizer import ZeroRedundancyOptimizer
 
 
 def _elementwise(value: Any, numel: int) -> bool:

@@ -1,4 +1,4 @@
-"""Where each element of a ZeroRedundancyOptimizer's parameters lives (zero.py).
+"""Where each element of a ZeroRedundancyOptimizer's parameters lives (optimizer.py).
 
 The parameters, in the order of the optimizer's groups, are laid end to end in flat
 spaces, one per (dtype, device). A space travels in chunks of about
@@ -11,7 +11,7 @@ one element at most, whatever the parameters' sizes: one large embedding is spli
 across ranks like any other run of elements (DeepSpeed's flat partitions; torch's own
 ZeroRedundancyOptimizer gives each parameter whole to one rank).
 
-Chunks one after another are what backward makes one after another (zero_overlap.py:
+Chunks one after another are what backward makes one after another (overlap.py:
 the last chunk is complete first). Even segments are what MPICH moves fast: a chunk cut
 instead at the ranks' own contiguous ranges lay in one or two of them, and the
 nonblocking reduce-scatter and allgather of such skewed parts took 20x the time of

@@ -27,7 +27,7 @@ from hvdlite.api import lane
 from hvdlite.api.lane import CHECK_WORDS as W
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import synchronize
-from hvdlite.torch.zero_layout import IN_FLIGHT, Space
+from hvdlite.torch.zero.layout import IN_FLIGHT, Space
 
 
 def carried(space: Space) -> bool:
@@ -43,7 +43,7 @@ class SpaceLanes:
         dtype = str(space.dtype).split(".")[-1]
         self.dtype = np.dtype(dtype)
         chunks = space.chunks
-        # Reduce-scattered last chunk first, as backward makes the gradients (zero_overlap.py).
+        # Reduce-scattered last chunk first, as backward makes the gradients (overlap.py).
         self.order = list(range(len(chunks)))[::-1]
         self._reduce_segments = [[c + len(chunk.positions) + W for c in chunk.counts]
                                  for chunk in chunks]
