@@ -18,6 +18,7 @@ a failed step: every rank then fails, none hangs.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -59,10 +60,11 @@ class SpaceLanes:
             self._reduce_segments, self._gather_segments)), default=0)
         self._buffers = [np.empty(largest, self.dtype) for _ in range(IN_FLIGHT)]
         self._plans = [self._plan(k) for k in range(len(chunks))]
-        self._reducing: collections.deque[tuple[int, int, np.ndarray]] = collections.deque()
+        # Under way, oldest first: each one's handle, and what to do with it once done.
+        self._in_flight: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._error: Optional[BaseException] = None    # the first, raised once all are done
+        self._turns = 0          # collectives started: whose turn each buffer is
         self._received: dict[int, np.ndarray] = {}
-        self._error: Optional[BaseException] = None
-        self._turns = 0          # reduce-scatters started: whose turn each buffer is
 
     def _plan(self, k: int) -> list[tuple[int, int, int, int]]:
         """Where chunk ``k``'s gathered segments go: (from, to) in the allgather's output,
@@ -86,10 +88,7 @@ class SpaceLanes:
         """Start chunk ``k``'s reduce-scatter: its segments of ``flat`` copied into a
         buffer, each followed by ``marks`` (the flags of the chunk's parameters), once
         a buffer is free. Chunks go in ``order``, every one in each backward pass."""
-        if len(self._reducing) == IN_FLIGHT:
-            self._finish_one()
-        buf = self._buffers[self._turns % IN_FLIGHT]
-        self._turns += 1
+        buf = self._free_buffer()
         chunk, segments = self.space.chunks[k], self._reduce_segments[k]
         source, send, at = flat.numpy(), buf[:sum(segments)], 0
         for (begin, end), count, segment in zip(chunk.segments, chunk.counts, segments):
@@ -97,83 +96,71 @@ class SpaceLanes:
             send[at + count:at + count + len(marks)] = marks
             at += segment
         out = np.empty(segments[self.rank], self.dtype)
-        self._reducing.append((k, self._grads.submit(
-            send, chunk.counts[self.rank], 1.0 / self.size, step,
-            f"{self.what}.grads.{self.space.index}.{k}", (), out=out), out))
+        handle = self._grads.submit(send, chunk.counts[self.rank], 1.0 / self.size, step,
+                                    f"{self.what}.grads.{self.space.index}.{k}", (), out=out)
+        self._in_flight.append((handle, functools.partial(self._received.__setitem__, k, out)))
 
     def finish_reduce(self) -> list[np.ndarray]:
         """Wait for every reduce-scatter started; per chunk, in index order, the latest
         one's part: this rank's averaged elements, the summed flags of the chunk's
-        parameters, then the check words. The first error is raised once all are done
-        (a buffer is not reused while the engine may write it)."""
-        while self._reducing:
-            self._finish_one()
-        received, error = self._received, self._error
-        self._received, self._error = {}, None
-        if error is not None:
-            raise error
-        return [received[k] for k in range(len(self.space.chunks))]
-
-    def _finish_one(self) -> None:
-        k, handle, out = self._reducing.popleft()
+        parameters, then the check words."""
         try:
-            synchronize(handle)
-        except BaseException as failed:           # noqa: BLE001 (raised by finish_reduce)
-            self._error = self._error or failed
-            return
-        self._received[k] = out
+            self._finish_all()
+            return [self._received[k] for k in range(len(self.space.chunks))]
+        finally:
+            self._received = {}
 
     def gather(self, mine: Callable[[int], Sequence[torch.Tensor]], params: Sequence[Any],
                step: int, failed: bool) -> None:
         """Every chunk's parts, from their owners to every rank, into ``params``; this
         rank's part of chunk k is ``mine(k)``, joined. ``failed``: this rank's step
         failed, and every rank's allgathers fail (this rank raises its own error)."""
-        outs: dict[int, np.ndarray] = {}
-
-        def start(k: int, buf: np.ndarray) -> int:
-            segments = self._gather_segments[k]
-            out, send = buf[:sum(segments)], buf[sum(segments):sum(segments) + segments[self.rank]]
-            at = 0
+        for k, segments in enumerate(self._gather_segments):
+            buf = self._free_buffer()
+            whole = sum(segments)
+            out, send, at = buf[:whole], buf[whole:whole + segments[self.rank]], 0
             for tensor in mine(k):
                 n = tensor.numel()
                 torch.from_numpy(send[at:at + n]).copy_(tensor)
                 at += n
-            outs[k] = out
-            return self._params.submit(send, 0, 1.0, step,
-                                       f"{self.what}.params.{self.space.index}.{k}",
-                                       ("step",), 0 if failed else None, out=out)
+            handle = self._params.submit(send, 0, 1.0, step,
+                                         f"{self.what}.params.{self.space.index}.{k}",
+                                         ("step",), 0 if failed else None, out=out)
+            self._in_flight.append((handle, functools.partial(self._land, k, out, params)))
+        self._finish_all()
 
-        def land(k: int) -> None:
-            out = torch.from_numpy(outs.pop(k))
-            for lo, hi, position, at in self._plans[k]:
-                params[position].view(-1)[at:at + hi - lo] = out[lo:hi]
-        self._run(start, land)
+    def _land(self, k: int, out: np.ndarray, params: Sequence[Any]) -> None:
+        """Chunk ``k``'s gathered segments into the parameters."""
+        gathered = torch.from_numpy(out)
+        for lo, hi, position, at in self._plans[k]:
+            params[position].view(-1)[at:at + hi - lo] = gathered[lo:hi]
 
-    def _run(self, start: Callable[[int, np.ndarray], int],
-             land: Callable[[int], None]) -> None:
-        """Every chunk in order, at most IN_FLIGHT under way; every one waited for even
-        when one fails (a buffer is not reused while the engine may write it), then
-        the first error raised."""
-        started: collections.deque[tuple[int, int, np.ndarray]] = collections.deque()
-        error: Optional[BaseException] = None
-        for k in range(len(self.space.chunks)):
-            if len(started) == IN_FLIGHT:
-                error = _finish(started.popleft(), land, error)
-            buf = self._buffers[k % IN_FLIGHT]
-            started.append((k, start(k, buf), buf))
-        while started:
-            error = _finish(started.popleft(), land, error)
+    def _free_buffer(self) -> np.ndarray:
+        """The next buffer, once free: at most IN_FLIGHT collectives are under way, each
+        in a buffer of its own (each holds a chunk: all at once would be the model's
+        size again)."""
+        if len(self._in_flight) == IN_FLIGHT:
+            self._finish_one()
+        buf = self._buffers[self._turns % IN_FLIGHT]
+        self._turns += 1
+        return buf
+
+    def _finish_one(self) -> None:
+        """The oldest collective waited for, and handed on unless one failed before."""
+        handle, done = self._in_flight.popleft()
+        try:
+            synchronize(handle)
+        except BaseException as failed:           # noqa: BLE001 (raised by _finish_all)
+            self._error = self._error or failed
+            return
+        if self._error is None:
+            done()
+
+    def _finish_all(self) -> None:
+        """Every collective under way waited for, even after one failed (a buffer is not
+        reused while the engine may write it), then the first error raised."""
+        while self._in_flight:
+            self._finish_one()
+        error, self._error = self._error, None
         if error is not None:
             raise error
-
-
-def _finish(started: tuple[int, int, np.ndarray], land: Callable[[int], None],
-            error: Optional[BaseException]) -> Optional[BaseException]:
-    k, handle, _ = started
-    try:
-        synchronize(handle)
-    except BaseException as failed:           # noqa: BLE001 (raised once all are done)
-        return error or failed
-    if error is None:
-        land(k)
-    return error

@@ -40,14 +40,15 @@ class Piece:
 
 
 class Chunk:
-    """A run of a space split between the ranks (``segments``: start, stop in the space,
-    rank by rank, consecutive; ``counts``: their lengths), the parameters it overlaps,
-    in order, and this rank's part: start:stop in its shard."""
-    __slots__ = ("segments", "positions", "counts", "mine")
+    """``start:stop`` of a space split between the ranks (``segments``: start, stop in
+    the space, rank by rank, consecutive; ``counts``: their lengths), the parameters it
+    overlaps, in order, and this rank's part: start:stop in its shard."""
+    __slots__ = ("start", "stop", "segments", "positions", "counts", "mine")
 
     def __init__(self, segments: list[tuple[int, int]], positions: list[int],
                  mine: tuple[int, int]) -> None:
         self.segments, self.positions = segments, positions
+        self.start, self.stop = segments[0][0], segments[-1][1]
         self.counts = [stop - start for start, stop in segments]
         self.mine = mine        # this rank's part: start:stop in its shard
 

@@ -3,8 +3,8 @@ stage 1, with stage 2's reduce-scatter of the gradients to their owners; the gra
 themselves stay whole on every rank), with torch's signature and methods, in place of
 ``DistributedOptimizer`` in a training loop.
 
-Every element of every parameter has one owner (layout.py: flat spaces split
-into even ranges). Each step:
+Every element of every parameter has one owner (layout.py: flat spaces in chunks,
+each split evenly between the ranks). Each step:
 
 1. the gradients are reduced **to their owners only**: a reduce-scatter per chunk of
    each space, with each rank's part as its count, averaged;

@@ -29,10 +29,9 @@ def reduce_scatter(what: str, spaces: Sequence[Space], flats: Sequence[torch.Ten
         for k, chunk in enumerate(space.chunks):
             if not any(anywhere[p] for p in chunk.positions):
                 continue
-            runs = [flat[start:stop] for start, stop in chunk.segments if stop > start]
             # In flight, each takes a chunk's copy in the engine: a few at a time.
             started.append(((space.index, k), collectives.reducescatter_async(
-                TORCH, runs[0] if len(runs) == 1 else torch.cat(runs),
+                TORCH, flat[chunk.start:chunk.stop],
                 name=f"{what}.grads.{space.index}.{k}", op=int(ReduceOp.AVERAGE),
                 process_set=process_set, splits=chunk.counts)))
             if len(started) == IN_FLIGHT:
