@@ -18,6 +18,11 @@ _BY_NAME = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": tor
             "float64": torch.float64}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> "float32", the name the core and NumPy use."""
+    return str(dtype).removeprefix("torch.")
+
+
 class TorchAdapter(TensorAdapter):
     framework = "torch"
     accepted = "torch.Tensor"
@@ -77,7 +82,7 @@ class TorchAdapter(TensorAdapter):
         return tensor.numel() * tensor.element_size()
 
     def dtype_name(self, tensor: torch.Tensor) -> str:
-        return str(tensor.dtype).removeprefix("torch.")
+        return dtype_name(tensor.dtype)
 
     def is_floating(self, tensor: torch.Tensor) -> bool:
         return tensor.dtype.is_floating_point

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,20 +28,29 @@ from hvdlite.api import lane
 from hvdlite.api.lane import CHECK_WORDS as W
 from hvdlite.api.process_set import ProcessSet
 from hvdlite.api.submission import synchronize
+from hvdlite.torch.adapter import dtype_name
 from hvdlite.torch.zero.layout import IN_FLIGHT, Space
 
 
+DENSE, SPARSE = 1.0, 2.0       # a parameter's flag, where it had a gradient (else 0)
+
+
+def flag(grad: Optional[torch.Tensor]) -> float:
+    return 0.0 if grad is None else SPARSE if grad.is_sparse else DENSE
+
+
 def carried(space: Space) -> bool:
-    return lane.carries(str(space.dtype).split(".")[-1], space.device.type)
+    return lane.carries(dtype_name(space.dtype), space.device.type)
 
 
 class SpaceLanes:
     """One space's lanes, and the buffers its chunks travel in."""
 
-    def __init__(self, what: str, space: Space, rank: int, size: int,
-                 process_set: ProcessSet) -> None:
+    def __init__(self, what: str, space: Space, params: Sequence[torch.Tensor], rank: int,
+                 size: int, process_set: ProcessSet) -> None:
         self.space, self.rank, self.size, self.what = space, rank, size, what
-        dtype = str(space.dtype).split(".")[-1]
+        self.params = params         # every parameter of the layout, by position
+        dtype = dtype_name(space.dtype)
         self.dtype = np.dtype(dtype)
         chunks = space.chunks
         # Reduce-scattered last chunk first, as backward makes the gradients (overlap.py).
@@ -76,20 +85,20 @@ class SpaceLanes:
                              in_param.start))
         return plan
 
-    def reduce(self, flat: torch.Tensor, marks: Callable[[list[int]], np.ndarray],
-               step: int) -> list[np.ndarray]:
+    def reduce(self, flat: torch.Tensor, step: int) -> list[np.ndarray]:
         """Every chunk of ``flat`` summed and averaged into this rank's part, now (see
         ``finish_reduce``)."""
         for k in self.order:
-            self.start_reduce(k, flat, marks(self.space.chunks[k].positions), step)
+            self.start_reduce(k, flat, step)
         return self.finish_reduce()
 
-    def start_reduce(self, k: int, flat: torch.Tensor, marks: np.ndarray, step: int) -> None:
+    def start_reduce(self, k: int, flat: torch.Tensor, step: int) -> None:
         """Start chunk ``k``'s reduce-scatter: its segments of ``flat`` copied into a
-        buffer, each followed by ``marks`` (the flags of the chunk's parameters), once
+        buffer, each followed by the marks of the chunk's parameters' gradients, once
         a buffer is free. Chunks go in ``order``, every one in each backward pass."""
         buf = self._free_buffer()
         chunk, segments = self.space.chunks[k], self._reduce_segments[k]
+        marks = self._marks(chunk.positions)
         source, send, at = flat.numpy(), buf[:sum(segments)], 0
         for (begin, end), count, segment in zip(chunk.segments, chunk.counts, segments):
             send[at:at + count] = source[begin:end]
@@ -110,9 +119,26 @@ class SpaceLanes:
         finally:
             self._received = {}
 
-    def gather(self, mine: Callable[[int], Sequence[torch.Tensor]], params: Sequence[Any],
-               step: int, failed: bool) -> None:
-        """Every chunk's parts, from their owners to every rank, into ``params``; this
+    def _marks(self, positions: list[int]) -> np.ndarray:
+        """A mark per gradient: none 0, dense 1, sparse size + 1, so that their sum over
+        the ranks tells whether any rank had one, and whether any was sparse."""
+        grads = [self.params[p].grad for p in positions]
+        return np.array([0.0 if g is None else self.size + 1.0 if g.is_sparse else DENSE
+                         for g in grads], self.dtype)
+
+    def flags(self, parts: list[np.ndarray], found: list[float]) -> list[float]:
+        """``found`` (a flag per parameter) with this space's from the summed marks in
+        ``parts`` (``finish_reduce``'s): every rank's answer alike."""
+        found = list(found)
+        for chunk, part in zip(self.space.chunks, parts):
+            marks = part[chunk.counts[self.rank]:][:len(chunk.positions)]
+            for position, mark in zip(chunk.positions, marks.tolist()):
+                found[position] = SPARSE if mark > self.size else DENSE if mark else 0.0
+        return found
+
+    def gather(self, mine: Callable[[int], Sequence[torch.Tensor]], step: int,
+               failed: bool) -> None:
+        """Every chunk's parts, from their owners to every rank, into the parameters; this
         rank's part of chunk k is ``mine(k)``, joined. ``failed``: this rank's step
         failed, and every rank's allgathers fail (this rank raises its own error)."""
         for k, segments in enumerate(self._gather_segments):
@@ -126,14 +152,14 @@ class SpaceLanes:
             handle = self._params.submit(send, 0, 1.0, step,
                                          f"{self.what}.params.{self.space.index}.{k}",
                                          ("step",), 0 if failed else None, out=out)
-            self._in_flight.append((handle, functools.partial(self._land, k, out, params)))
+            self._in_flight.append((handle, functools.partial(self._land, k, out)))
         self._finish_all()
 
-    def _land(self, k: int, out: np.ndarray, params: Sequence[Any]) -> None:
+    def _land(self, k: int, out: np.ndarray) -> None:
         """Chunk ``k``'s gathered segments into the parameters."""
         gathered = torch.from_numpy(out)
         for lo, hi, position, at in self._plans[k]:
-            params[position].view(-1)[at:at + hi - lo] = gathered[lo:hi]
+            self.params[position].view(-1)[at:at + hi - lo] = gathered[lo:hi]
 
     def _free_buffer(self) -> np.ndarray:
         """The next buffer, once free: at most IN_FLIGHT collectives are under way, each

@@ -45,7 +45,6 @@ import functools
 import weakref
 from typing import Any, Callable, Iterable, Optional
 
-import numpy as np
 import torch
 
 from hvdlite.api import runtime, submission
@@ -53,6 +52,7 @@ from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import HvdliteError, NotSupportedError, UsageError
+from hvdlite.torch.adapter import dtype_name
 from hvdlite.torch.mpi_ops import Max, allreduce
 from hvdlite.torch.zero import amp as zero_amp
 from hvdlite.torch.zero import clip as zero_clip
@@ -63,7 +63,6 @@ from hvdlite.torch.zero import state as zero_state
 from hvdlite.torch.zero.layout import Space, lay_out
 
 MAX_CHUNK_BYTES = 25 << 20     # a chunk where HVDLITE_BUCKET_BYTES asks for one bucket
-_SPARSE = 2.0                  # a gradient's flag: 1 dense, 2 sparse (refused)
 
 
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
@@ -110,7 +109,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """Lay the parameters out (agreed by every rank) and make the wrapped optimizer
         over this rank's pieces, one group per group."""
         params = [p for group in self.param_groups for p in group["params"]]
-        check_same_variables([(f"parameter {i}", tuple(p.shape), str(p.dtype).split(".")[-1])
+        check_same_variables([(f"parameter {i}", tuple(p.shape), dtype_name(p.dtype))
                               for i, p in enumerate(params)], self._what, self.process_set,
                              name=f"{self._what}.layout.{self._layouts}")
         self._layouts += 1
@@ -152,7 +151,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for space in self._spaces:
             if zero_lanes.carried(space):
                 opened = zero_lanes.SpaceLanes(
-                    f"{self._what}.layout.{self._layouts - 1}", space,
+                    f"{self._what}.layout.{self._layouts - 1}", space, self._params,
                     self.process_set.rank(), self.process_set.size(), self.process_set)
                 if opened.opened:
                     lanes[space.index] = opened
@@ -257,8 +256,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             for position, param in enumerate(self._params):
                 if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
                     self._into_view(param, position)
-            flags = [0.0 if p.grad is None else _SPARSE if p.grad.is_sparse else 1.0
-                     for p in self._params]
+            flags = [zero_lanes.flag(p.grad) for p in self._params]
             received = taken if taken is not None else self._reduce_on_lanes()
             anywhere = self._gradients_anywhere(flags, received)
             self._reduce_scatter(anywhere, received)
@@ -268,8 +266,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _reduce_on_lanes(self) -> dict[int, list[Any]]:
         """The lanes' spaces reduced now (lanes.py): each one's parts, chunk by
         chunk, each with the summed flags of its parameters."""
-        return {index: lanes.reduce(self._flat_grads[index],
-                                    functools.partial(self._marks, lanes), self._steps)
+        return {index: lanes.reduce(self._flat_grads[index], self._steps)
                 for index, lanes in self._lanes.items()}
 
     def _start_chunk(self, lanes: zero_lanes.SpaceLanes, k: int) -> None:
@@ -279,15 +276,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for position in positions:
             if self._params[position].grad is not self._grad_views[position]:
                 self._into_view(self._params[position], position)
-        lanes.start_reduce(k, self._flat_grads[lanes.space.index],
-                           self._marks(lanes, positions), self._steps)
-
-    def _marks(self, lanes: zero_lanes.SpaceLanes, positions: list[int]) -> np.ndarray:
-        """The flags of ``positions``' gradients: none 0, dense 1, sparse size + 1 (so
-        that their sum over the ranks tells a sparse one apart)."""
-        grads = [self._params[p].grad for p in positions]
-        return np.array([0.0 if g is None else lanes.size + 1.0 if g.is_sparse else 1.0
-                         for g in grads], lanes.dtype)
+        lanes.start_reduce(k, self._flat_grads[lanes.space.index], self._steps)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -326,12 +315,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                               name=f"{self._what}.gradients",
                               process_set=self.process_set).tolist()
         for index, parts in received.items():
-            size, found = self._lanes[index].size, list(found)
-            for chunk, part in zip(self._spaces[index].chunks, parts):
-                marks = part[chunk.counts[self.process_set.rank()]:][:len(chunk.positions)]
-                for position, mark in zip(chunk.positions, marks.tolist()):
-                    found[position] = _SPARSE if mark > size else 1.0 if mark else 0.0
-        sparse = [i for i, flag in enumerate(found) if flag == _SPARSE]
+            found = self._lanes[index].flags(parts, found)
+        sparse = [i for i, flag in enumerate(found) if flag == zero_lanes.SPARSE]
         if sparse:
             mine = [i for i in sparse if self._params[i].grad is not None
                     and self._params[i].grad.is_sparse]
@@ -363,8 +348,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         rank's step raised (only the lanes then go, each failing on every rank)."""
         by_chunk = self._pieces_by_chunk
         for index, lanes in self._lanes.items():
-            lanes.gather(lambda k, index=index: by_chunk.get((index, k), []), self._params,
-                         self._steps, failed)
+            lanes.gather(lambda k, index=index: by_chunk.get((index, k), []), self._steps,
+                         failed)
         if not failed:
             zero_rounds.allgather(self._what,
                                   [s for s in self._spaces if s.index not in self._lanes],
