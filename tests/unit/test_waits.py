@@ -115,3 +115,14 @@ def test_a_wait_loop_of_its_own_ticks_only_where_watched(ticks: list) -> None:
     waits.watch(None)
     waits.tick_if_watched(1.0, 3.0)
     assert ticks == [(1.0, 2.0)]
+
+
+def test_a_watched_wait_yields_its_core_before_every_poll_after_the_first(
+        ticks: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ranks outnumber cores the peer a collective waits for may be the one
+    sharing this core: each poll that finds it incomplete hands the core over."""
+    request = Polled(lambda: request.tests >= 5)
+    yields: list[int] = []
+    monkeypatch.setattr(waits.os, "sched_yield", lambda: yields.append(request.tests))
+    waits.wait_all([request])
+    assert yields == [1, 2, 3, 4] and request.tests == 5
