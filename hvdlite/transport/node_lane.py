@@ -10,12 +10,18 @@ between them: a test takes the sum at the head of the lane as far as the peers'
 arrivals let it, and returns. The engine's thread tests the lane while it serves
 (hvdlite/engine/lanes.py), so a bucket's sum overlaps the backward pass with no
 negotiation round, as an MPI lane's nonblocking allreduce does.
+
+A reduce-scatter is a sum whose last step copies back this rank's segment only; an
+allgather posts each rank's segment where it goes in the whole, and each rank copies
+every segment out once all have posted (one arrival a chunk: a rank posts the next
+chunk only once it has copied this one, and the halves alternate, so no segment is
+overwritten while a peer may still read it).
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -23,41 +29,60 @@ from hvdlite.transport.node_memory import CHECK_S, NodeMemory
 
 
 class NodeLane:
-    """In-place sums on segments of their own, started without waiting (LaneChannel)."""
+    """Sums, reduce-scatters and allgathers on segments of their own, started without
+    waiting (LaneChannel)."""
 
     def __init__(self, memory: NodeMemory) -> None:
         self._memory = memory
-        self._sums: collections.deque[NodeSum] = collections.deque()
+        self._under_way: collections.deque[NodeOp] = collections.deque()
 
-    def start_sum(self, buf: np.ndarray) -> NodeSum:
-        started = NodeSum(self, self._memory.chunks(buf))
-        self._sums.append(started)
+    def start_sum(self, buf: np.ndarray) -> NodeOp:
+        return self._start(NodeSum(self, self._memory.chunks(buf)))
+
+    def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
+                             counts: Sequence[int]) -> NodeOp:
+        """The sum of ``buf``, of which this rank keeps its segment (``counts``: each
+        rank's, in rank order), into ``out``."""
+        lo, flat = sum(counts[:self._memory.rank]), buf.reshape(-1)
+        hi = lo + counts[self._memory.rank]
+        return self._start(NodeSum(self, self._memory.chunks(buf), (lo, hi),
+                                   lambda: out.__setitem__(Ellipsis, flat[lo:hi])))
+
+    def start_allgather(self, buf: np.ndarray, out: np.ndarray,
+                        counts: Sequence[int]) -> NodeOp:
+        """Every rank's ``buf`` (``counts[k]`` elements from rank k) into ``out``, in
+        rank order."""
+        return self._start(NodeGather(self, self._memory.chunks(out), buf, counts))
+
+    def _start(self, op: NodeOp) -> NodeOp:
+        self._under_way.append(op)
         self.advance()
-        return started
+        return op
 
     def advance(self) -> None:
-        """The sums in the order started, as far as the peers' arrivals let them go."""
-        sums = self._sums
-        while sums and sums[0].advance(self._memory):
-            sums.popleft()
+        """The collectives in the order started, as far as the peers' arrivals let
+        them go."""
+        under_way = self._under_way
+        while under_way and under_way[0].advance(self._memory):
+            under_way.popleft()
 
     def close(self) -> None:
         self._memory.close()
 
 
-class NodeSum:
-    """One sum of a NodeLane (Pending): its chunks, and how far the first one got."""
-    __slots__ = ("_lane", "_chunks", "_next", "_views", "_reduced", "_waiting_since",
+class NodeOp:
+    """One collective of a NodeLane (Pending): its chunks, and how far it got."""
+    __slots__ = ("_lane", "_chunks", "_starts", "_next", "_views", "_waiting_since",
                  "_next_check", "done")
 
     def __init__(self, lane: NodeLane, chunks: list[np.ndarray]) -> None:
         self._lane, self._chunks = lane, chunks
+        self._starts = np.cumsum([0] + [c.size for c in chunks]).tolist()
         self._next = 0                    # the chunk under way
         self._views: Optional[list[np.ndarray]] = None   # posted (step 1 done)
-        self._reduced = False             # this rank's slice reduced (step 2 done)
         self._waiting_since = 0.0         # when this rank found its peers late (0: not)
         self._next_check = 0.0
-        self.done = not chunks
+        self.done = False
 
     def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
         if not self.done:
@@ -65,33 +90,107 @@ class NodeSum:
         return self.done
 
     def advance(self, memory: NodeMemory) -> bool:
-        """Steps as far as they go without waiting; True once the sum is complete."""
-        chunks = self._chunks
-        while not self.done:
-            chunk = chunks[self._next]
-            if self._views is None:
-                self._views = memory.post(chunk)
-            late = memory.late()
-            if late:
-                self._check(memory, late)
-                return False
-            self._waiting_since = 0.0
-            if not self._reduced:
-                memory.reduce_slice(self._views, chunk.size, np.add)
-                self._reduced = True
-                continue
-            memory.copy_back(self._views, chunk)
-            self._views, self._reduced = None, False
-            self._next += 1
-            self.done = self._next == len(chunks)
+        """Steps as far as they go without waiting; True once complete."""
+        raise NotImplementedError
+
+    def _peers_arrived(self, memory: NodeMemory) -> bool:
+        late = memory.late()
+        if late:
+            self._check(memory, late)
+            return False
+        self._waiting_since = 0.0
         return True
 
     def _check(self, memory: NodeMemory, late: list[int]) -> None:
-        """A peer that exited fails the sum (PeerLostError) within CHECK_S of its being
-        found late; a slow one is the lane's stall check's (hvdlite/engine/lane.py)."""
+        """A peer that exited fails the collective (PeerLostError) within CHECK_S of its
+        being found late; a slow one is the lane's stall check's
+        (hvdlite/engine/lane.py)."""
         now = time.monotonic()
         if not self._waiting_since:
             self._waiting_since, self._next_check = now, now + CHECK_S
         elif now >= self._next_check:
             self._next_check = now + CHECK_S
             memory.check_peers(late, now - self._waiting_since)
+
+
+class NodeSum(NodeOp):
+    """An in-place sum; with ``keep`` (lo, hi), only those elements are copied back,
+    and ``then`` runs once it is complete (a reduce-scatter)."""
+    __slots__ = ("_reduced", "_keep", "_then")
+
+    def __init__(self, lane: NodeLane, chunks: list[np.ndarray],
+                 keep: Optional[tuple[int, int]] = None,
+                 then: Optional[Callable[[], None]] = None) -> None:
+        super().__init__(lane, chunks)
+        self._reduced = False             # this rank's slice reduced (step 2 done)
+        self._keep, self._then = keep, then
+        self._end_if_done()
+
+    def advance(self, memory: NodeMemory) -> bool:
+        chunks = self._chunks
+        while not self.done:
+            chunk = chunks[self._next]
+            if self._views is None:
+                self._views = memory.post(chunk)
+            if not self._peers_arrived(memory):
+                return False
+            if not self._reduced:
+                memory.reduce_slice(self._views, chunk.size, np.add)
+                self._reduced = True
+                continue
+            memory.copy_back(self._views, chunk, self._kept(chunk.size))
+            self._views, self._reduced = None, False
+            self._next += 1
+            self._end_if_done()
+        return True
+
+    def _kept(self, size: int) -> slice:
+        if self._keep is None:
+            return slice(0, size)
+        start = self._starts[self._next]
+        lo, hi = (min(max(end - start, 0), size) for end in self._keep)
+        return slice(lo, hi)
+
+    def _end_if_done(self) -> None:
+        self.done = self._next == len(self._chunks)
+        if self.done and self._then is not None:
+            self._then()
+
+
+class NodeGather(NodeOp):
+    """An allgather into ``chunks`` (of the whole): each chunk's share of this rank's
+    ``send`` posted where it goes, then every rank's copied out."""
+    __slots__ = ("_send", "_bounds")
+
+    def __init__(self, lane: NodeLane, chunks: list[np.ndarray], send: np.ndarray,
+                 counts: Sequence[int]) -> None:
+        super().__init__(lane, chunks)
+        self._send = send.reshape(-1)
+        ends = np.cumsum([0, *counts]).tolist()
+        self._bounds = list(zip(ends[:-1], ends[1:]))     # each rank's, in the whole
+        self.done = not chunks
+
+    def _shares(self, size: int) -> list[slice]:
+        """Each rank's elements within the chunk under way (chunk-relative)."""
+        start = self._starts[self._next]
+        return [slice(min(max(lo - start, 0), size), min(max(hi - start, 0), size))
+                for lo, hi in self._bounds]
+
+    def advance(self, memory: NodeMemory) -> bool:
+        chunks = self._chunks
+        while not self.done:
+            chunk = chunks[self._next]
+            shares = self._shares(chunk.size)
+            if self._views is None:
+                mine = shares[memory.rank]
+                begin = self._starts[self._next] + mine.start - self._bounds[memory.rank][0]
+                self._views = memory.post(self._send[begin:begin + mine.stop - mine.start],
+                                          mine.start, chunk.size)
+            if not self._peers_arrived(memory):
+                return False
+            for view, share in zip(self._views, shares):
+                chunk[share] = view[share]
+            self._views = None
+            self._next += 1
+            self.done = self._next == len(chunks)
+        return True

@@ -101,13 +101,16 @@ class NodeMemory:
         per_chunk = self._half // flat.itemsize
         return [flat[start: start + per_chunk] for start in range(0, flat.size, per_chunk)]
 
-    def post(self, chunk: np.ndarray) -> list[np.ndarray]:
+    def post(self, chunk: np.ndarray, at: int = 0, count: Optional[int] = None
+             ) -> list[np.ndarray]:
         """Step 1: the chunk into this rank's segment, then arrive; every rank's view of
-        the half it went to."""
+        the half it went to. ``count``: the views hold that many elements, and ``chunk``
+        goes ``at`` elements in (an allgather's part)."""
         half, self._next_half = self._next_half, 1 - self._next_half
         begin = half * self._half
-        views = [h[begin: begin + chunk.nbytes].view(chunk.dtype) for h in self._halves]
-        views[self.rank][...] = chunk
+        nbytes = chunk.nbytes if count is None else count * chunk.itemsize
+        views = [h[begin: begin + nbytes].view(chunk.dtype) for h in self._halves]
+        views[self.rank][at:at + chunk.size] = chunk
         self._arrive()
         return views
 
@@ -126,11 +129,16 @@ class NodeMemory:
             total = into
         self._arrive()
 
-    def copy_back(self, views: list[np.ndarray], chunk: np.ndarray) -> None:
-        """Step 3: every slice k from rank k's segment."""
+    def copy_back(self, views: list[np.ndarray], chunk: np.ndarray, keep: slice = slice(None)
+                  ) -> None:
+        """Step 3: every slice k from rank k's segment; ``keep``: only those elements of
+        the chunk (a reduce-scatter's part)."""
+        first, last, _ = keep.indices(chunk.size)
         for k, view in enumerate(views):
             lo, hi = self._slice(chunk.size, k)
-            chunk[lo:hi] = view[lo:hi]
+            lo, hi = max(lo, first), min(hi, last)
+            if lo < hi:
+                chunk[lo:hi] = view[lo:hi]
 
     def late(self) -> list[int]:
         """The ranks that have not arrived where this one has."""

@@ -74,7 +74,8 @@ def _same(train: Callable[[bool], tuple["torch.nn.Module", Any]]) -> None:
 
 def _needs_lanes(optimizer: Any) -> None:
     if not optimizer._lanes:
-        pytest.skip("the torch transport negotiates its chunks at the step")
+        pytest.skip("no lanes of these kinds (HVDLITE_LANE=0, or a Gloo group's lane): "
+                    "the chunks are negotiated at the step")
 
 
 def test_backward_starts_the_reduce_scatters_last_chunk_first() -> None:

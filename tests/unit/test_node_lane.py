@@ -1,8 +1,8 @@
 """The lane through the node's shared memory (hvdlite/transport/node_lane.py), with
-threads as ranks: sums started without waiting and completed by tests, in the order
-started, against NumPy's sum in rank order, bitwise alike on every rank; kept apart
-from the transport's own allreduce; a late peer holds a sum back, an exited one fails
-it."""
+threads as ranks: sums, reduce-scatters and allgathers started without waiting and
+completed by tests, in the order started, against NumPy (sums in rank order), bitwise
+alike on every rank; kept apart from the transport's own allreduce; a late peer holds
+a sum back, an exited one fails it."""
 from __future__ import annotations
 
 import dataclasses
@@ -57,6 +57,52 @@ def test_sums_started_at_once_equal_numpys_sum_in_rank_order_on_every_rank(
         want = _reference(size, ranks, dtype, ReduceOp.SUM, seed=size)
         assert got == want.tobytes(), size        # the same adds in the same order
     assert all(r == results[0] for r in results)
+    assert segments_held() == []
+
+
+def _counts(total: int, ranks: int, skew: str) -> list[int]:
+    """Segments of ``total``: even (the remainder to the first ranks), or all on the
+    last rank."""
+    if skew == "last":
+        return [0] * (ranks - 1) + [total]
+    return [total // ranks + (k < total % ranks) for k in range(ranks)]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("skew", ["even", "last"])
+def test_reduce_scatters_and_allgathers_started_at_once_equal_numpy(
+        ranks: int, dtype: Any, skew: str) -> None:
+    """Every size, a reduce-scatter then an allgather of each, all started before any is
+    tested: each rank's part is NumPy's sum of its segment in rank order; every rank
+    gathers every segment, bitwise alike, each from its owner unchanged."""
+    def steps(t: ThreadTransport) -> tuple[list[bytes], list[bytes]]:
+        lane = _lane(t)
+        pending, parts, gathered = [], [], []
+        for size in SIZES:
+            counts = _counts(size, ranks, skew)
+            part = np.full(counts[t.rank], np.nan, dtype)
+            pending.append(lane.start_reduce_scatter(_part(t.rank, size, dtype, seed=size),
+                                                     part, counts))
+            mine = _part(t.rank, counts[t.rank], dtype, seed=size + 1)
+            whole = np.full(size, np.nan, dtype)
+            pending.append(lane.start_allgather(mine, whole, counts))
+            parts.append(part)
+            gathered.append(whole)
+        _complete(pending)
+        lane.close()
+        return [p.tobytes() for p in parts], [g.tobytes() for g in gathered]
+
+    results = run_transports(ranks, steps)
+    for i, size in enumerate(SIZES):
+        counts = _counts(size, ranks, skew)
+        ends = np.cumsum([0, *counts])
+        summed = _reference(size, ranks, dtype, ReduceOp.SUM, seed=size)
+        whole = np.concatenate([_part(r, counts[r], dtype, seed=size + 1)
+                                for r in range(ranks)])
+        for rank, (parts, gathered) in enumerate(results):
+            assert parts[i] == summed[ends[rank]:ends[rank + 1]].tobytes(), (size, rank)
+            assert gathered[i] == whole.tobytes(), (size, rank)
     assert segments_held() == []
 
 
