@@ -71,18 +71,20 @@ class NodeLane:
 
 
 class NodeOp:
-    """One collective of a NodeLane (Pending): its chunks, and how far it got."""
-    __slots__ = ("_lane", "_chunks", "_starts", "_next", "_views", "_waiting_since",
-                 "_next_check", "done")
+    """One collective of a NodeLane (Pending): its chunks (``NodeMemory.chunks``: all of
+    one size but the last), how far it got, and ``then``, run once it is complete."""
+    __slots__ = ("_lane", "_chunks", "_next", "_views", "_waiting_since", "_next_check",
+                 "_then", "done")
 
-    def __init__(self, lane: NodeLane, chunks: list[np.ndarray]) -> None:
-        self._lane, self._chunks = lane, chunks
-        self._starts = np.cumsum([0] + [c.size for c in chunks]).tolist()
+    def __init__(self, lane: NodeLane, chunks: list[np.ndarray],
+                 then: Optional[Callable[[], None]] = None) -> None:
+        self._lane, self._chunks, self._then = lane, chunks, then
         self._next = 0                    # the chunk under way
         self._views: Optional[list[np.ndarray]] = None   # posted (step 1 done)
         self._waiting_since = 0.0         # when this rank found its peers late (0: not)
         self._next_check = 0.0
         self.done = False
+        self._end_if_done()
 
     def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
         if not self.done:
@@ -92,6 +94,23 @@ class NodeOp:
     def advance(self, memory: NodeMemory) -> bool:
         """Steps as far as they go without waiting; True once complete."""
         raise NotImplementedError
+
+    def _within(self, lo: int, hi: int) -> slice:
+        """Elements ``lo`` to ``hi`` of the whole, where they fall in the chunk under way
+        (chunk-relative; empty where they miss it)."""
+        size = self._chunks[self._next].size
+        start = self._next * self._chunks[0].size
+        return slice(min(max(lo - start, 0), size), min(max(hi - start, 0), size))
+
+    def _next_chunk(self) -> None:
+        self._views = None
+        self._next += 1
+        self._end_if_done()
+
+    def _end_if_done(self) -> None:
+        self.done = self._next == len(self._chunks)
+        if self.done and self._then is not None:
+            self._then()
 
     def _peers_arrived(self, memory: NodeMemory) -> bool:
         late = memory.late()
@@ -114,17 +133,16 @@ class NodeOp:
 
 
 class NodeSum(NodeOp):
-    """An in-place sum; with ``keep`` (lo, hi), only those elements are copied back,
-    and ``then`` runs once it is complete (a reduce-scatter)."""
-    __slots__ = ("_reduced", "_keep", "_then")
+    """An in-place sum; with ``keep`` (lo, hi), only those elements are copied back (a
+    reduce-scatter, whose ``then`` takes them)."""
+    __slots__ = ("_reduced", "_keep")
 
     def __init__(self, lane: NodeLane, chunks: list[np.ndarray],
                  keep: Optional[tuple[int, int]] = None,
                  then: Optional[Callable[[], None]] = None) -> None:
-        super().__init__(lane, chunks)
         self._reduced = False             # this rank's slice reduced (step 2 done)
-        self._keep, self._then = keep, then
-        self._end_if_done()
+        self._keep = keep
+        super().__init__(lane, chunks, then)
 
     def advance(self, memory: NodeMemory) -> bool:
         chunks = self._chunks
@@ -138,23 +156,11 @@ class NodeSum(NodeOp):
                 memory.reduce_slice(self._views, chunk.size, np.add)
                 self._reduced = True
                 continue
-            memory.copy_back(self._views, chunk, self._kept(chunk.size))
-            self._views, self._reduced = None, False
-            self._next += 1
-            self._end_if_done()
+            memory.copy_back(self._views, chunk,
+                             slice(None) if self._keep is None else self._within(*self._keep))
+            self._reduced = False
+            self._next_chunk()
         return True
-
-    def _kept(self, size: int) -> slice:
-        if self._keep is None:
-            return slice(0, size)
-        start = self._starts[self._next]
-        lo, hi = (min(max(end - start, 0), size) for end in self._keep)
-        return slice(lo, hi)
-
-    def _end_if_done(self) -> None:
-        self.done = self._next == len(self._chunks)
-        if self.done and self._then is not None:
-            self._then()
 
 
 class NodeGather(NodeOp):
@@ -164,33 +170,24 @@ class NodeGather(NodeOp):
 
     def __init__(self, lane: NodeLane, chunks: list[np.ndarray], send: np.ndarray,
                  counts: Sequence[int]) -> None:
-        super().__init__(lane, chunks)
         self._send = send.reshape(-1)
         ends = np.cumsum([0, *counts]).tolist()
         self._bounds = list(zip(ends[:-1], ends[1:]))     # each rank's, in the whole
-        self.done = not chunks
-
-    def _shares(self, size: int) -> list[slice]:
-        """Each rank's elements within the chunk under way (chunk-relative)."""
-        start = self._starts[self._next]
-        return [slice(min(max(lo - start, 0), size), min(max(hi - start, 0), size))
-                for lo, hi in self._bounds]
+        super().__init__(lane, chunks)
 
     def advance(self, memory: NodeMemory) -> bool:
         chunks = self._chunks
         while not self.done:
             chunk = chunks[self._next]
-            shares = self._shares(chunk.size)
+            shares = [self._within(lo, hi) for lo, hi in self._bounds]
             if self._views is None:
-                mine = shares[memory.rank]
-                begin = self._starts[self._next] + mine.start - self._bounds[memory.rank][0]
+                mine, (first, _) = shares[memory.rank], self._bounds[memory.rank]
+                begin = self._next * chunks[0].size + mine.start - first
                 self._views = memory.post(self._send[begin:begin + mine.stop - mine.start],
                                           mine.start, chunk.size)
             if not self._peers_arrived(memory):
                 return False
             for view, share in zip(self._views, shares):
                 chunk[share] = view[share]
-            self._views = None
-            self._next += 1
-            self.done = self._next == len(chunks)
+            self._next_chunk()
         return True
