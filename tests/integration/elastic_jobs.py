@@ -12,6 +12,7 @@ Environment (test settings, not hvdlite knobs):
   ELASTIC_FAULT_AT  N (default 5)
   ELASTIC_MARKER    a file created when the fault fires, so it fires in one attempt only
   ELASTIC_STEP_SLEEP  seconds to sleep per step (to leave time to send a signal)
+  SURVIVORS_SPEAK   1: ignore SIGTERM (torchrun's agent ends the others with it)
 """
 from __future__ import annotations
 
@@ -169,4 +170,6 @@ def fail_always() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if os.environ.get("SURVIVORS_SPEAK") == "1":     # as in torchrun_jobs.py
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     globals()[sys.argv[1]]()

@@ -338,7 +338,18 @@ def horovod_launch_variables() -> None:
     hvd.shutdown()
 
 
+def hear_out_the_survivors() -> None:
+    """With SURVIVORS_SPEAK=1, ignore the SIGTERM with which torchrun's agent ends the
+    other workers once one has failed: a survivor then says what it found and ends on
+    its own (the agent sends SIGKILL 30 s after SIGTERM), whenever the agent looks."""
+    import os
+    import signal
+    if os.environ.get("SURVIVORS_SPEAK") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
+    hear_out_the_survivors()
     {"horovod_launch_variables": horovod_launch_variables, "conformance": conformance, "collectives": collectives,
      "lost_peer": lost_peer, "alltoall": alltoall, "shared_memory": shared_memory,
      "architecture_backend": architecture_backend,
