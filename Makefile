@@ -62,7 +62,7 @@ test-unit: install
 # The whole-job tests (tests/integration) in two halves, one per lane of make test: these
 # files in lane B, every other file in lane A (a new file lands there).
 INTEGRATION_B := $(addprefix tests/integration/,test_report.py test_liveness.py \
-	test_bench_transports.py)
+	test_bench_transports.py test_zero_elastic.py test_standin_plants.py)
 test-integration: test-integration-a test-integration-b
 
 test-integration-a: install
@@ -100,13 +100,14 @@ KERAS_TORCH_TESTS := tests/mpi/test_keras_torch.py tests/mpi/test_keras_torch_el
 
 # These Keras files at -n 2 only: at -n 4 four ranks each trace TensorFlow's graphs on two
 # cores, and these files alone took 126 s of the -n 4 run's 439 s in a clean clone here
-# (2026-11-27). What more ranks change there (shards, the exchange) Keras's training
-# comparisons with one process (test_keras_fit.py, test_tf_tape.py) still check at -n 4,
-# and the callbacks, buckets, momentum and mixed precision files run at -n 4 on Keras's
-# torch backend below.
+# (2026-11-27); the frozen-layer and local SGD files another 67 s of 288 (2026-12-03).
+# What more ranks change there (shards, the exchange) Keras's training comparisons with
+# one process (test_keras_fit.py, test_tf_tape.py) still check at -n 4, and the callbacks,
+# buckets, momentum, mixed precision, frozen-layer and local SGD files run at -n 4 on
+# Keras's torch backend below.
 NP2_ONLY_TESTS := $(addprefix tests/mpi/,test_keras_optimizer.py test_keras_elastic.py \
 	test_keras_callbacks.py test_keras_buckets.py test_keras_momentum.py test_autotune_keras.py \
-	test_keras_mixed_precision.py)
+	test_keras_mixed_precision.py test_keras_frozen.py test_keras_local_sgd.py)
 
 # The GPU backends' multi-rank code (NCCL groups, offsets, roots; the staged path) on the
 # CPU stand-in for CuPy and NCCL (tests/standin): a process of its own per run, because
