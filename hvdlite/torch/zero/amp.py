@@ -7,9 +7,13 @@ batch overflowed skips alone and its scale parts from the others'. Here each ran
 holds the averaged gradients of its own share only, so:
 
 1. ``scaler.step`` first asks ``_step_supports_amp_scaling``: the optimizer reduces
-   there (the reduce-scatter ``step()`` would run) and the ranks agree, with one
-   allreduce, whether any share holds an inf or a nan. An element that is not finite
-   on any rank is not finite in its average, so this is "any rank overflowed".
+   there (the reduce-scatter ``step()`` would run) and the ranks agree whether any
+   share holds an inf or a nan. An element that is not finite on any rank is not
+   finite in its average, so this is "any rank overflowed". They agree with one sum
+   on a lane of the optimizer's own (hvdlite/engine/lane.py, opened at its first
+   scaled step where lanes carry float32: no negotiation round; its check words carry
+   the step, so a rank out of step is a MismatchError on every rank), else with one
+   allreduce.
 2. The answer is yes: the scaler then checks the gradients in ``.grad`` of the
    optimizer's parameters, each rank its own, and must find what the ranks agreed.
    Where they agreed on an overflow, one element of the first trainable parameter's
@@ -27,9 +31,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from hvdlite.api import runtime
+from hvdlite.api import lane, runtime
+from hvdlite.api.submission import synchronize
 from hvdlite.errors import NotSupportedError
 from hvdlite.torch.mpi_ops import Max, allreduce
 
@@ -42,9 +48,7 @@ def agree_on_overflow(opt: "ZeroRedundancyOptimizer") -> None:
     whether any rank's share holds an inf or a nan."""
     mine = any(not bool(torch.isfinite(tensor.grad).all())
                for _, _, tensor in opt._pieces if tensor.grad is not None)
-    anywhere = allreduce(torch.tensor([float(mine)]), op=Max, name=f"{opt._what}.overflow",
-                         process_set=opt.process_set).item() > 0
-    if not anywhere:
+    if not _on_any_rank(opt, mine):
         return
     with torch.no_grad():
         for position, param in enumerate(opt._params):
@@ -54,6 +58,23 @@ def agree_on_overflow(opt: "ZeroRedundancyOptimizer") -> None:
                     view.view(-1)[0] = float("nan")
                     param.grad = view
                     return
+
+
+def _on_any_rank(opt: "ZeroRedundancyOptimizer", mine: bool) -> bool:
+    """Whether ``mine`` is true on any rank of the optimizer's set. The lane is opened
+    alike on every rank (HVDLITE_LANE is agreed at init)."""
+    name = f"{opt._what}.overflow"
+    if opt.__dict__.get("_overflow_lane") is None and lane.carries("float32", "cpu"):
+        opt._overflow_lane = lane.Lane(name, [1 + lane.CHECK_WORDS], "float32",
+                                       opt.process_set)
+    vote = opt.__dict__.get("_overflow_lane")
+    if vote is None or not vote.opened:
+        return allreduce(torch.tensor([float(mine)]), op=Max, name=name,
+                         process_set=opt.process_set).item() > 0
+    buf = np.zeros(1 + lane.CHECK_WORDS, np.float32)
+    buf[0] = float(mine)
+    synchronize(vote.submit(buf, 0, 1.0, opt._steps, name, ()))
+    return bool(buf[0] > 0)
 
 
 def unscaled_or_skipped(opt: "ZeroRedundancyOptimizer") -> bool:
