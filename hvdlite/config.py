@@ -19,11 +19,11 @@ with a warning naming the variable to set instead.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from hvdlite import horovod_env
+from hvdlite.config_environ import checked, from_environment, warn_unknown
 from hvdlite.config_values import (  # noqa: F401  (also importable from here)
     OWN,
     SAME,
@@ -40,8 +40,6 @@ from hvdlite.config_values import (  # noqa: F401  (also importable from here)
     parse_backends,
     _choice)
 from hvdlite.errors import ConfigError
-
-_log = logging.getLogger("hvdlite")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -285,13 +283,13 @@ class Config:
         """Resolve every option: explicit override > environment (HVDLITE_*, then
         Horovod's alias) > default."""
         environ = os.environ if environ is None else environ
-        _warn_unknown(environ)
+        warn_unknown(environ, OPTIONS)
         horovod_env.warn_ignored(environ, HOROVOD_ALIASES)
         values: dict[str, Any] = {}
         for option in OPTIONS:
             if overrides.get(option.field) is not None:
-                values[option.field] = _checked(option, overrides.pop(option.field))
-            elif (found := _from_environment(option, environ)) is not None:
+                values[option.field] = checked(option, overrides.pop(option.field))
+            elif (found := from_environment(option, environ)) is not None:
                 values[option.field] = found
         if overrides:
             raise ConfigError(f"unknown hvdlite option(s): {', '.join(sorted(overrides))}")
@@ -304,7 +302,7 @@ class Config:
         unknown = sorted(set(changes) - set(options))
         if unknown:
             raise ConfigError(f"unknown hvdlite option(s): {', '.join(unknown)}")
-        return dataclasses.replace(self, **{name: _checked(options[name], value)
+        return dataclasses.replace(self, **{name: checked(options[name], value)
                                             for name, value in changes.items()})
 
 
@@ -338,80 +336,3 @@ def sources(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
         if name is not None:
             found[option.field] = f"{name}={environ[name]!r}"
     return found
-
-
-def _from_environment(option: Option, environ: Mapping[str, str]) -> Any:
-    """``option``'s value from HVDLITE_*, else from the first of Horovod's variables
-    that sets it, else from an old hvdlite name (``deprecated``, with a warning); None
-    if none does. Both set to different values: the HVDLITE_ one, with a warning
-    naming both."""
-    _warn_deprecated(option, environ)
-    if option.env not in environ:
-        found = _from_horovod(option, environ)
-        if found is None:
-            old = next((name for name in option.deprecated if name in environ), None)
-            return None if old is None else _parse(option, environ[old], old)
-        return found[1]
-    value = _parse(option, environ[option.env], option.env)
-    try:
-        found = _from_horovod(option, environ)
-    except ConfigError:       # not used, but not the same value either
-        found = next((name, None) for name in option.aliases if name in environ)
-    if found is not None and found[1] != value:
-        _log.warning("%s=%r and %s=%r are both set; hvdlite uses %s", option.env,
-                     environ[option.env], found[0], environ[found[0]], option.env)
-    return value
-
-
-def _warn_deprecated(option: Option, environ: Mapping[str, str]) -> None:
-    for old in (name for name in option.deprecated if name in environ):
-        _log.warning("%s is deprecated; set %s instead%s", old, option.env,
-                     " (both are set: hvdlite uses it)" if option.env in environ else
-                     f" (read as {option.env}={environ[old]!r} until then)")
-
-
-def _from_horovod(option: Option, environ: Mapping[str, str]) -> Optional[tuple[str, Any]]:
-    """(variable, value) of the first of Horovod's variables for ``option`` that sets
-    it (HOROVOD_STALL_CHECK_DISABLE=0 sets nothing); None if none does."""
-    for name in option.aliases:
-        if name not in environ:
-            continue
-        try:
-            text = horovod_env.convert(name, environ[name])
-        except ValueError as exc:
-            raise ConfigError(f"{name}={environ[name]!r} is invalid: {exc}. "
-                              f"It sets {option.env}: {option.doc}") from None
-        if text is not None:
-            return name, _parse(option, text, name, environ[name])
-    return None
-
-
-def _parse(option: Option, text: str, variable: str, raw: Optional[str] = None) -> Any:
-    """``text`` parsed for ``option``; an error names ``variable`` and the value it
-    holds (``raw``, where Horovod's value was converted to ``text``)."""
-    try:
-        return option.parse(text)
-    except ValueError as exc:
-        shown = text if raw is None else raw
-        sets = "" if variable == option.env else f" It sets {option.env}:"
-        raise ConfigError(f"{variable}={shown!r} is invalid: {exc}.{sets} {option.doc}") from None
-
-
-def _checked(option: Option, value: Any) -> Any:
-    """A value given in code (init's and reconfigure's keywords), refused where its
-    variable's text would be: ``allreduce="rign"`` fails here, not in the engine."""
-    if value is None or option.parse is str:
-        return value
-    try:
-        return option.parse(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"{option.field}={value!r} is invalid: {exc}. {option.doc}") from None
-
-
-def _warn_unknown(environ: Mapping[str, str]) -> None:
-    known = {option.env for option in OPTIONS}
-    deprecated = {name for option in OPTIONS for name in option.deprecated}
-    for name in environ:
-        if name.startswith("HVDLITE_") and name not in known | deprecated:
-            _log.warning("ignoring unknown environment variable %s; known: %s",
-                         name, ", ".join(sorted(known)))

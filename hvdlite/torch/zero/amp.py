@@ -53,7 +53,7 @@ def agree_on_overflow(opt: "ZeroRedundancyOptimizer") -> None:
     with torch.no_grad():
         for position, param in enumerate(opt._params):
             if param.requires_grad:
-                view = opt._grad_views[position]
+                view = opt._grads.views[position]
                 if view.numel():
                     view.view(-1)[0] = float("nan")
                     param.grad = view

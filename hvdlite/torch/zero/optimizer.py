@@ -20,7 +20,8 @@ A float32 or float64 space on the CPU goes on lanes where the transport has them
 negotiation round, and the flags of step 2 inside the reduce-scatter. There step 1
 starts in backward, chunk by chunk as their gradients come (overlap.py). Elsewhere
 (rounds.py) one small allreduce agrees on step 2 first, and only the chunks it names
-are negotiated.
+are negotiated. The gradients live in one flat buffer per space, each ``.grad`` a
+view of it (grads.py).
 
 Every element is written by its one owner and copied to the others, so every rank
 holds bitwise the same parameters by construction. The wrapped optimizer sees each
@@ -42,8 +43,6 @@ same parameters, and into a ZeroRedundancyOptimizer at any world size.
 """
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -57,6 +56,7 @@ from hvdlite.torch.adapter import dtype_name
 from hvdlite.torch.mpi_ops import Max, allreduce
 from hvdlite.torch.zero import amp as zero_amp
 from hvdlite.torch.zero import clip as zero_clip
+from hvdlite.torch.zero import grads as zero_grads
 from hvdlite.torch.zero import lanes as zero_lanes
 from hvdlite.torch.zero import overlap as zero_overlap
 from hvdlite.torch.zero import rounds as zero_rounds
@@ -125,7 +125,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
         self._reduced: Optional[list[bool]] = None   # this step's, once reduced
         self._pieces: list[tuple[Space, Any, torch.Tensor]] = []
-        self._grad_views = self._gradient_buffers()
+        if getattr(self, "_grads", None) is not None:
+            self._grads.remove()
+        self._grads = zero_grads.FlatGradients(self)
         self._passes = zero_overlap.BackwardPasses(self)
         local_groups = [{**zero_state.hyperparameters(group), "params": []}
                         for group in self.param_groups]
@@ -157,49 +159,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 if opened.opened:
                     lanes[space.index] = opened
         return lanes
-
-    def _gradient_buffers(self) -> list[torch.Tensor]:
-        """Each parameter's gradient as a view of its space's flat buffer, and a hook
-        that moves a new gradient there as soon as backward has made it (the one
-        autograd made is freed at once: gradients take the memory of one model, as
-        DistributedOptimizer's buckets do). Autograd then accumulates in place."""
-        for handle in getattr(self, "_hooks", ()):
-            handle.remove()
-        views: list[Any] = [None] * len(self._params)
-        self._flat_grads = []
-        for space in self._spaces:
-            flat = torch.zeros(space.total, dtype=space.dtype, device=space.device)
-            self._flat_grads.append(flat)
-            for position, offset, numel in zip(space.positions, space.offsets, space.numels):
-                views[position] = flat[offset:offset + numel].view_as(self._params[position])
-        me = weakref.ref(self)
-
-        def into_view(param: torch.Tensor, position: int) -> None:
-            # Only while this layout is the optimizer's (a new one has hooks of its own).
-            optimizer = me()
-            if (optimizer is not None and optimizer._grad_views is views
-                    and optimizer._params[position] is param):
-                optimizer._reduced = None      # a new gradient: reduce again at step()
-                optimizer._into_view(param, position)
-                optimizer._passes.arrived(position)
-        self._hooks = [param.register_post_accumulate_grad_hook(
-                           functools.partial(into_view, position=position))
-                       for position, param in enumerate(self._params) if param.requires_grad]
-        return views
-
-    def _into_view(self, param: torch.Tensor, position: int) -> None:
-        """``param.grad`` copied into its view of the flat gradients, which it becomes;
-        none: the view holds zeros for the reduction, and ``.grad`` stays None (a
-        frozen layer must not look as if it had a gradient at the next step)."""
-        view, grad = self._grad_views[position], param.grad
-        if grad is view or (grad is not None and grad.is_sparse):   # sparse: step() refuses
-            return
-        with torch.no_grad():
-            if grad is None:
-                view.zero_()
-                return
-            view.copy_(grad)
-        param.grad = view
 
     def _view(self, piece: Any) -> torch.Tensor:
         """A leaf over the piece's elements of its parameter (no gradient needed: a
@@ -254,9 +213,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self._reduced is None:
             self._refresh_views()
             taken = self._passes.take()        # reduced in backward, if still current
-            for position, param in enumerate(self._params):
-                if param.grad is not self._grad_views[position]:   # no hook ran: none, or set
-                    self._into_view(param, position)
+            for position in range(len(self._params)):   # where no hook ran: none, or set
+                self._grads.into_view(position)
             flags = [zero_lanes.flag(p.grad) for p in self._params]
             received = taken if taken is not None else self._reduce_on_lanes()
             anywhere = self._gradients_anywhere(flags, received)
@@ -267,17 +225,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _reduce_on_lanes(self) -> dict[int, list[Any]]:
         """The lanes' spaces reduced now (lanes.py): each one's parts, chunk by
         chunk, each with the summed flags of its parameters."""
-        return {index: lanes.reduce(self._flat_grads[index], self._steps)
+        return {index: lanes.reduce(self._grads.flat[index], self._steps)
                 for index, lanes in self._lanes.items()}
 
     def _start_chunk(self, lanes: zero_lanes.SpaceLanes, k: int) -> None:
         """Chunk ``k`` of a space on lanes, in backward (overlap.py): its gradients
         in their views first (none: zeros)."""
-        positions = lanes.space.chunks[k].positions
-        for position in positions:
-            if self._params[position].grad is not self._grad_views[position]:
-                self._into_view(self._params[position], position)
-        lanes.start_reduce(k, self._flat_grads[lanes.space.index], self._steps)
+        for position in lanes.space.chunks[k].positions:
+            self._grads.into_view(position)
+        lanes.start_reduce(k, self._grads.flat[lanes.space.index], self._steps)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
@@ -334,7 +290,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         had a gradient)."""
         parts = zero_rounds.reduce_scatter(
             self._what, [s for s in self._spaces if s.index not in self._lanes],
-            [f for s, f in zip(self._spaces, self._flat_grads) if s.index not in self._lanes],
+            [f for s, f in zip(self._spaces, self._grads.flat) if s.index not in self._lanes],
             anywhere, self.process_set)
         parts.update({(index, k): torch.from_numpy(part) for index, each in received.items()
                       for k, part in enumerate(each)})

@@ -82,7 +82,7 @@ class BackwardPasses:
         for index in self._opt._lanes:
             self._start_ready(index, every=True)
         self._in_pass, self._passed = False, True
-        self._versions = {i: self._opt._flat_grads[i]._version for i in self._opt._lanes}
+        self._versions = {i: self._opt._grads.flat[i]._version for i in self._opt._lanes}
         self._had = [p.grad is not None for p in self._opt._params]
 
     def take(self) -> Optional[dict[int, list[np.ndarray]]]:
@@ -96,10 +96,10 @@ class BackwardPasses:
         received = {index: lanes.finish_reduce() for index, lanes in opt._lanes.items()}
         current = [p.grad is not None for p in opt._params]
         if current != self._had or any(
-                opt._flat_grads[i]._version != version for i, version in self._versions.items()):
+                opt._grads.flat[i]._version != version for i, version in self._versions.items()):
             return None
         for position in self._chunks_of:          # a sparse one fails every rank later
             grad = opt._params[position].grad
-            if grad is not None and not grad.is_sparse and grad is not opt._grad_views[position]:
+            if grad is not None and not grad.is_sparse and grad is not opt._grads.views[position]:
                 return None
         return received
