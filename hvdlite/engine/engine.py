@@ -26,13 +26,10 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from hvdlite.backends import registry as backends_registry
 from hvdlite.config import sources as config_sources
 from hvdlite.engine.executor import Executor
 from hvdlite.engine.handles import HandleTable
-from hvdlite.engine.lane import LaneKind
 from hvdlite.engine.lanes import Lanes, OnLanes, shared_counts
 from hvdlite.engine.stopping import Stoppable
 from hvdlite.errors import (DeadlockError, DuplicateNameError, HvdliteError, ShutdownError,
@@ -369,15 +366,7 @@ class Engine(Stoppable, OnLanes):
         desc = response.desc
         result: Any = None
         if desc.kind is Kind.OPEN_LANE:
-            channel = state.comm.lane_channel()
-            if channel is not None:
-                size = state.comm.size
-                segments = [desc.splits[i:i + size]
-                            for i in range(0, len(desc.splits or ()), size)]
-                result = self.lanes.open(desc.name, state.set_id, channel, state.comm.rank,
-                                         size, desc.shape, np.dtype(desc.dtype),
-                                         LaneKind(dict(desc.settings).get("kind", 0)),
-                                         segments)
+            result = self._open_lane(state, desc)
         elif desc.kind is Kind.ADD_PROCESS_SET:
             result = self.registry.add(tuple(desc.ranks or ()), state.comm)
         elif desc.kind is Kind.REMOVE_PROCESS_SET:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:    # annotations only: the engine builds these objects
 
     from hvdlite.engine.handles import HandleTable
     from hvdlite.failure.waiting import Doorbell, IdleTicks
-    from hvdlite.negotiation.process_sets import ProcessSetRegistry
+    from hvdlite.negotiation.process_sets import ProcessSetRegistry, SetState
+    from hvdlite.negotiation.requests import Descriptor
     from hvdlite.recording.recorder import PeerWaitClock
     from hvdlite.transport.base import Transport
 
@@ -256,6 +257,19 @@ class OnLanes:
         self.lanes.close(lane_id)
 
     # -- engine thread ---------------------------------------------------------------
+    def _open_lane(self, state: SetState, desc: Descriptor) -> Optional[int]:
+        """An agreed request to open a lane, run at the same point on every rank of
+        the set: its id here, or None where the set's transport has no lane of its
+        kind."""
+        channel = state.comm.lane_channel()
+        if channel is None:
+            return None
+        size = state.comm.size
+        segments = [desc.splits[i:i + size] for i in range(0, len(desc.splits or ()), size)]
+        return self.lanes.open(desc.name, state.set_id, channel, state.comm.rank, size,
+                               desc.shape, np.dtype(desc.dtype),
+                               LaneKind(dict(desc.settings).get("kind", 0)), segments)
+
     def _wait_for_work(self) -> None:
         """Until there is work for a round, or an idle rank's tick has passed; the
         lanes are served meanwhile, a tick at most before a round."""
