@@ -161,7 +161,7 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_process_set_registry.py test_deadlock.py test_join_collectives.py test_scaling.py \
 	test_timeline_names.py test_inplace_strides.py test_torch_api.py test_torch_optimizer.py \
 	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py \
-	test_local_sgd.py test_lane.py test_torch_zero.py test_torch_zero_elastic.py \
+	test_local_sgd.py test_lane.py test_lane_close.py test_torch_zero.py test_torch_zero_elastic.py \
 	test_torch_zero_clip.py test_torch_zero_amp.py test_torch_zero_lanes.py \
 	test_torch_zero_overlap.py)
 # At -n 4, what more ranks change: process sets that are not the world, unnamed ops and

@@ -196,8 +196,9 @@ class Engine(Stoppable, OnLanes):
         if (timeline := self.timeline) is not None:   # one read: stop_timeline() may clear it
             timeline.cycle_start()
         self._drain_queue()
-        if self.lanes.busy or self.registry.in_join():   # before the round: a peer may
-            self._serve_lanes()                            # wait on them
+        lanes = self.lanes     # before the round: a peer may wait on them
+        if lanes.busy or lanes.closed or self.registry.in_join():
+            self._serve_lanes()
         if self.executor.busy and self.executor.progress():
             self.handles.notify()      # finished by asynchronous backend work: before the round
         members = self.registry.members()

@@ -20,10 +20,18 @@ back. The lane itself goes on: every rank still sums every bucket of every step.
 
 A rank whose gradient no longer fits its bucket sends the bucket with the next word
 set: every rank then fails the bucket (the failing rank's own error names the
-parameter). The last word counts the ranks that have joined (``hvd.join()``). A joined rank's
+parameter). Another word counts the ranks that have joined (``hvd.join()``). A joined rank's
 engine takes part in every lane with zeros, as a joined rank does in a negotiated
 allreduce, one sum at a time, until every rank has joined: a sum of joined ranks only
 is void on every rank, and moves no lane forward.
+
+A lane closes when every rank of its set agrees, never on one rank's schedule: each rank
+frees its owner (a reducer, a sharded optimizer) when its garbage collector gets there.
+From then on that rank stands in with zeros counted in two more words (ranks closed,
+and rank + 1 of the closing rank), one sum at a time. A sum of ranks that closed or
+joined is void; the one where every rank closed is the lane's last on every rank, and
+each rank frees the channel after it. A rank still summing a bucket that another rank
+closed gets a UsageError naming that rank, instead of waiting for it.
 
 A sum waiting longer than HVDLITE_STALL_CHECK_TIME is logged with its bucket, and
 past HVDLITE_STALL_SHUTDOWN_TIME (if set) stops the engine with a StallError, as a
@@ -51,9 +59,10 @@ from hvdlite.transport.base import LaneChannel, Pending
 
 STEP_BITS, INDEX_BITS = 16, 12
 # The step's bits, the index's, then sums: ranks that failed the bucket, rank + 1 and
-# slot + 1 of the failing gradient (exact when one rank failed it), ranks joined.
-CHECK_WORDS = STEP_BITS + INDEX_BITS + 4
-_FAILED, _FAILED_RANK, _FAILED_SLOT, _JOINED = -4, -3, -2, -1
+# slot + 1 of the failing gradient (exact when one rank failed it), ranks joined,
+# ranks closed and rank + 1 of the closing one (exact when one rank closed).
+CHECK_WORDS = STEP_BITS + INDEX_BITS + 6
+_FAILED, _FAILED_RANK, _FAILED_SLOT, _JOINED, _CLOSED, _CLOSED_RANK = range(-6, 0)
 LANE_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})   # exact 0..2^24
 _log = logging.getLogger("hvdlite")
 
@@ -71,25 +80,30 @@ CHANNEL_METHODS = {LaneKind.SUM: "start_sum", LaneKind.REDUCE_SCATTER: "start_re
 
 
 def check_words(step: int, index: int, rank: int, failed_slot: Optional[int], joined: bool,
-                out: np.ndarray) -> None:
+                out: np.ndarray, closed: bool = False) -> None:
     """Write a bucket's check words (see the module's docstring) into ``out``. A joined
-    rank knows no step: its step and index words are 0, and count for nothing."""
+    or closed rank knows no step: its step and index words are 0, and count for
+    nothing."""
+    blank = joined or closed
     for bit in range(STEP_BITS):
-        out[bit] = 0 if joined else (step >> bit) & 1
+        out[bit] = 0 if blank else (step >> bit) & 1
     for bit in range(INDEX_BITS):
-        out[STEP_BITS + bit] = 0 if joined else (index >> bit) & 1
+        out[STEP_BITS + bit] = 0 if blank else (index >> bit) & 1
     failed = failed_slot is not None
     out[_FAILED] = 1 if failed else 0
     out[_FAILED_RANK] = rank + 1 if failed else 0
     out[_FAILED_SLOT] = failed_slot + 1 if failed else 0
-    out[_JOINED] = 1 if joined else 0
+    out[_JOINED] = 1 if joined and not closed else 0
+    out[_CLOSED] = 1 if closed else 0
+    out[_CLOSED_RANK] = rank + 1 if closed else 0
 
 
 class LaneOp:
     """One bucket's sum: the whole flat buffer (the gradients, their flags, the check
     words), of which the first ``scaled`` elements are multiplied by ``scale`` after."""
     __slots__ = ("handle", "buf", "out", "scaled", "scale", "step", "name", "names",
-                 "pending", "started_at", "joined", "failed_slot", "warned", "position")
+                 "pending", "started_at", "joined", "closing", "failed_slot", "warned",
+                 "position")
 
     def __init__(self, buf: np.ndarray, scaled: int, scale: float, step: int = 0,
                  name: str = "", names: Sequence[str] = (),
@@ -104,6 +118,7 @@ class LaneOp:
         self.scaled, self.scale, self.step = scaled, scale, step
         self.name, self.names = name, names
         self.failed_slot, self.joined = failed_slot, joined
+        self.closing = False      # a closed lane's zeros (see the module's docstring)
         self.pending: Optional[Pending] = None
         self.started_at = 0.0
         self.warned = False
@@ -112,6 +127,11 @@ class LaneOp:
     @property
     def result(self) -> np.ndarray:
         return self.buf if self.out is None else self.out
+
+    @property
+    def is_stand_in(self) -> bool:
+        """Zeros this rank sent for a joined or closed rank: nobody waits on them."""
+        return self.joined or self.closing
 
 
 class Lane:
@@ -136,10 +156,14 @@ class Lane:
         self.running: collections.deque[LaneOp] = collections.deque()
         self.started = 0          # sums this rank started that were not void
         self.joined_done = False  # every rank joined: this rank's zeros are done
+        self.closed = False       # its owner is gone here: zeros until every rank's is
+        self.freed = False        # every rank closed it: the channel is done with
 
     @property
     def busy(self) -> bool:
-        return bool(self.queued or self.running)
+        """Whether a user's collective is queued or under way (a closed lane's zeros
+        wait, served with each round, for as long as another rank holds the lane)."""
+        return bool(self.queued) or (bool(self.running) and not self.closed)
 
     def start_queued(self, now: float) -> None:
         while self.queued:
@@ -150,12 +174,13 @@ class Lane:
         index = position % len(self.counts)
         if self.kind is LaneKind.REDUCE_SCATTER:     # every segment the others receive
             words = np.zeros(CHECK_WORDS, self.dtype)
-            check_words(op.step, index, self.rank, op.failed_slot, op.joined, words)
+            check_words(op.step, index, self.rank, op.failed_slot, op.joined, words,
+                        op.closing)
             for end in self._ends[index]:
                 op.buf[end - CHECK_WORDS:end] = words
         else:
             check_words(op.step, index, self.rank, op.failed_slot, op.joined,
-                        op.buf[-CHECK_WORDS:])
+                        op.buf[-CHECK_WORDS:], op.closing)
         if self.kind is LaneKind.SUM:
             op.pending = self.channel.start_sum(op.buf)
         elif self.kind is LaneKind.REDUCE_SCATTER:
@@ -172,8 +197,15 @@ class Lane:
         if not self.running and not self.joined_done:
             self.stand_in(now)
 
+    def close_in(self, now: float) -> None:
+        """This rank's owner is gone: zeros for the next sum, one at a time, until the
+        sum where every rank closed."""
+        if not self.running and not self.freed:
+            self.stand_in(now)
+
     def stand_in(self, now: float) -> None:
-        """Zeros for the next collective, counted as a joined rank's."""
+        """Zeros for the next collective, counted as a joined rank's (a closed one's,
+        once closed)."""
         index = self.started % len(self.counts)
         whole, out = self.counts[index], None
         if self.kind is not LaneKind.SUM:
@@ -181,7 +213,9 @@ class Lane:
             send, receive = (whole, mine) if self.kind is LaneKind.REDUCE_SCATTER else (
                 mine, whole)
             whole, out = send, np.zeros(receive, self.dtype)
-        self._start(LaneOp(np.zeros(whole, self.dtype), 0, 1.0, joined=True, out=out), now)
+        op = LaneOp(np.zeros(whole, self.dtype), 0, 1.0, joined=not self.closed, out=out)
+        op.closing = self.closed
+        self._start(op, now)
 
     def _words(self, op: LaneOp) -> np.ndarray:
         """The check words summed over the ranks (an allgather's, added up here)."""
@@ -194,22 +228,29 @@ class Lane:
         """The collectives that are complete, in order, each checked (with its error: the
         check words differ between ranks, or a rank failed it) and scaled. Every
         rank sees the same words, so every rank fails the same ones; the lane goes on
-        (each rank still starts every bucket of every step, in order)."""
+        (each rank still starts every bucket of every step, in order). After the sum
+        where every rank closed the lane, ``freed``: nothing follows it on any rank."""
         done: list[tuple[LaneOp, Optional[HvdliteError]]] = []
         while self.running and self.running[0].pending.Test():
             op = self.running.popleft()
             words = self._words(op)
-            joined = int(words[_JOINED])
-            if joined == self.size:        # only joined ranks: void everywhere
+            joined, closed = int(words[_JOINED]), int(words[_CLOSED])
+            if closed == self.size:
+                self.freed = True
+                break
+            if joined + closed == self.size:   # only stand-ins: void everywhere
                 self.started -= 1
                 self.joined_done = True
                 continue
-            if op.joined:
+            if op.is_stand_in:
                 continue
-            done.append((op, self._verdict(op, words, joined)))
+            done.append((op, self._verdict(op, words, joined, closed)))
         return done
 
-    def _verdict(self, op: LaneOp, words: np.ndarray, joined: int) -> Optional[HvdliteError]:
+    def _verdict(self, op: LaneOp, words: np.ndarray, joined: int,
+                 closed: int) -> Optional[HvdliteError]:
+        if closed:
+            return self._closed_elsewhere(op, words, closed)
         tags = words[:STEP_BITS + INDEX_BITS]
         if np.any((tags != 0) & (tags != self.size - joined)):
             what = ("gathered the parameters" if self.kind is LaneKind.ALLGATHER else
@@ -232,6 +273,15 @@ class Lane:
             np.multiply(view, op.scale, out=view)
         return None
 
+    def _closed_elsewhere(self, op: LaneOp, words: np.ndarray, closed: int) -> HvdliteError:
+        who = (f"rank {int(words[_CLOSED_RANK]) - 1}" if closed == 1 else
+               f"{closed} ranks")
+        return UsageError(
+            f"rank {self.rank}: {who} closed lane '{self.name}' (its owner, an optimizer "
+            "or an averager, was freed there) while this rank still uses it: bucket "
+            f"'{op.name}' (step {op.step}) was not reduced. Free an optimizer on every "
+            "rank, or step it on every rank")
+
     def _failed(self, op: LaneOp, words: np.ndarray) -> HvdliteError:
         one = words[_FAILED] == 1 and op.names
         if one:
@@ -253,9 +303,9 @@ class Lane:
     def stalled(self, now: float, check_s: float, shutdown_s: float) -> Optional[str]:
         """A message once the oldest sum waited past the stall times (None otherwise);
         logged once past ``check_s``, returned past ``shutdown_s`` (if > 0)."""
-        if not self.running or check_s <= 0:
+        op = next((op for op in self.running if not op.is_stand_in), None)
+        if op is None or check_s <= 0:
             return None
-        op = self.running[0]
         waited = now - op.started_at
         if waited < check_s:
             return None

@@ -19,7 +19,7 @@ import numpy as np
 
 from hvdlite.backends.base import Traffic
 from hvdlite.engine.lane import CHANNEL_METHODS, CHECK_WORDS, Lane, LaneKind, LaneOp
-from hvdlite.errors import HvdliteError, StallError
+from hvdlite.errors import HvdliteError, ShutdownError, StallError
 from hvdlite.failure import waiting
 from hvdlite.transport.base import LaneChannel
 
@@ -64,7 +64,7 @@ class Lanes:
         the channel closed, where the transport has no collective of this kind on its
         lanes (the same transport on every rank: alike everywhere)."""
         if self._closing:
-            self._close_idle()
+            self._close_marked()
         if not hasattr(channel, CHANNEL_METHODS[kind]):
             channel.close()
             return None
@@ -76,14 +76,34 @@ class Lanes:
         return lane_id
 
     def close(self, lane_id: int) -> None:
-        """Close a lane once nothing is pending on it (its reducer is gone); any
-        thread. Its sums completed on every rank alike, so each rank frees its
-        channel once its own last sum is done, whenever that is."""
+        """Its owner is gone here (any thread): from the engine's next turn, this rank
+        stands in on the lane with zeros counted as closed, and every rank frees it
+        after the sum where all had closed it (hvdlite/engine/lane.py)."""
         self._closing.append(lane_id)
 
-    def submit(self, lane_id: int, op: LaneOp) -> None:
-        """(A lane is closed only once its reducer is gone: none submits to it then.)"""
-        self._lanes[lane_id].queued.append(op)
+    def close_all(self) -> None:
+        """Every lane closed, as at a shutdown that every rank reaches."""
+        self._closing.extend(self._lanes)
+
+    @property
+    def closed(self) -> bool:
+        """Whether a lane closed here waits for the others' closing (the engine then
+        serves its lanes with each round) or is about to."""
+        return bool(self._closing) or any(lane.closed for lane in self._lanes.values())
+
+    @property
+    def held(self) -> int:
+        """The lanes not yet freed here."""
+        return len(self._lanes)
+
+    def submit(self, lane_id: int, op: LaneOp) -> bool:
+        """Whether the lane took ``op``: a lane closes while its owner lives only at
+        a shutdown, which every rank closes all lanes for."""
+        lane = self._lanes.get(lane_id)
+        if lane is None or lane.closed:
+            return False
+        lane.queued.append(op)
+        return True
 
     @property
     def busy(self) -> bool:
@@ -107,10 +127,12 @@ class Lanes:
         the number of handles completed or failed."""
         completed = 0
         if self._closing:
-            self._close_idle()
-        for lane in self._lanes.values():
+            self._close_marked()
+        for lane_id, lane in list(self._lanes.items()):
             lane.start_queued(now)
-            if joined:
+            if lane.closed:
+                lane.close_in(now)
+            elif joined:
                 lane.join_in(now)
             elif lane.joined_done and not lane.running:
                 lane.joined_done = False      # the join is over: the next one counts
@@ -121,6 +143,9 @@ class Lanes:
                 else:
                     self._fail(op.handle, error)
                 completed += 1
+            if lane.freed:
+                del self._lanes[lane_id]
+                lane.channel.close()
         return completed
 
     def _count(self, lane: Lane, op: LaneOp) -> None:
@@ -135,22 +160,18 @@ class Lanes:
         if lane.kind is not LaneKind.ALLGATHER:
             self._reduced(1, whole - CHECK_WORDS * op.buf.itemsize)   # one request
 
-    def _close_idle(self) -> None:
-        for _ in range(len(self._closing)):
-            lane_id = self._closing.popleft()
-            lane = self._lanes.get(lane_id)
-            if lane is not None and lane.busy:
-                self._closing.append(lane_id)      # later
-            elif lane is not None:
-                del self._lanes[lane_id]
-                lane.channel.close()
+    def _close_marked(self) -> None:
+        while self._closing:
+            lane = self._lanes.get(self._closing.popleft())
+            if lane is not None:
+                lane.closed = True
 
     def pending(self, waited: set[int]) -> list[tuple[int, str, str, bool]]:
         """What the deadlock check lists: (set, bucket, its collective, whether a user
         thread waits on it), for every one started or queued."""
         return [(lane.set_id, op.name, _OP_NAMES[lane.kind], op.handle in waited)
                 for lane in self._lanes.values()
-                for op in list(lane.running) + list(lane.queued) if not op.joined]
+                for op in list(lane.running) + list(lane.queued) if not op.is_stand_in]
 
     def abandon(self, error: HvdliteError, allgather: Callable[[Any], list[Any]]) -> None:
         """A deadlock verdict, on every rank at the same point: fail every sum started
@@ -248,7 +269,10 @@ class OnLanes:
             if self.dead is not None:
                 self.raise_if_dead()
             op.handle = self.handles.create(None)
-            self.lanes.submit(lane_id, op)
+            if not self.lanes.submit(lane_id, op):
+                self.handles.fail(op.handle, ShutdownError(
+                    f"rank {self.transport.rank}: hvdlite is shutting down, and its "
+                    f"lanes are closed: bucket '{op.name}' was not reduced"))
         self._doorbell.ring()
         return op.handle
 
@@ -301,13 +325,23 @@ class OnLanes:
         """Ranks shut down, each once its own collectives on the lanes were done: those
         complete here too, with no part of theirs still to come, so they are served to
         the end rather than failed (a script whose last step's allgather is still
-        under way here when rank 0 exits). HVDLITE_STALL_CHECK_TIME bounds the wait."""
+        under way here when rank 0 exits). Then every rank closes every lane, and
+        frees each after the sum where all closed it: no collective is left pending
+        on a lane's channel when the transport finalizes. HVDLITE_STALL_CHECK_TIME
+        bounds the wait."""
         until = time.monotonic() + max(self.config.stall_check_time, 1.0)
-        while self.lanes.behind(counts) and time.monotonic() < until:
-            if self._serve_lanes():
-                self.handles.notify()
-            else:
-                time.sleep(waiting.FIRST_PAUSE_S)
+        lanes = self.lanes
+        while lanes.behind(counts) and time.monotonic() < until:
+            self._serve_or_pause()
+        lanes.close_all()
+        while lanes.held and time.monotonic() < until:
+            self._serve_or_pause()
+
+    def _serve_or_pause(self) -> None:
+        if self._serve_lanes():
+            self.handles.notify()
+        else:
+            time.sleep(waiting.FIRST_PAUSE_S)
 
     def _has_work_or_lanes(self) -> bool:
         return self._has_work() or self.lanes.queued

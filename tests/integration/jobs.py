@@ -56,6 +56,22 @@ def early_shutdown() -> None:
     sys.exit(4)
 
 
+def lane_kept_on_some_ranks() -> None:
+    """Rank 0 lets go of a lane's owner; the others keep theirs to the end: the
+    shutdown frees the lane on every rank, leaving no collective pending."""
+    from hvdlite.api import runtime
+    from hvdlite.api.lane import CHECK_WORDS, Lane
+    hvd.init()
+    owners = [Lane("kept", [3 + CHECK_WORDS], "float32", None)]
+    if hvd.rank() == 0:
+        owners.clear()
+    hvd.barrier()
+    engine = runtime.engine()
+    hvd.shutdown()
+    print(f"LANES rank {engine.transport.rank}: {engine.lanes.held} held after shutdown",
+          flush=True)
+
+
 def timeline_env() -> None:
     hvd.init()
     for step in range(3):

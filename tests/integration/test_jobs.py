@@ -62,6 +62,15 @@ def test_collectives_after_a_peer_shutdown_fail_clearly(np: int) -> None:
         assert f"SHUTDOWN_ERROR rank {rank}: hvdlite was shut down on rank(s) [0]" in output
 
 
+@pytest.mark.parametrize("np", [2, 4])
+def test_a_shutdown_frees_a_lane_that_some_ranks_let_go_of(np: int) -> None:
+    proc, _ = run_job("lane_kept_on_some_ranks", np)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for rank in range(np):
+        assert f"LANES rank {rank}: 0 held after shutdown" in output, output
+
+
 @pytest.mark.parametrize("prefix", ["HVDLITE", "HOROVOD"])
 def test_timeline_from_environment(tmp_path: Path, prefix: str) -> None:
     """hvdlite's variables or Horovod's, which Horovod's job files set; Horovod's names."""

@@ -249,8 +249,11 @@ class FakeLane:
 
     def __init__(self, transport: ThreadTransport) -> None:
         self._transport = transport
+        self.closed = False
 
     def start_sum(self, buf: np.ndarray) -> FakePending:
+        self._open()
+
         def finish(parts: list[Any]) -> None:
             if any(p.dtype != buf.dtype or p.shape != buf.shape for p in parts):
                 raise FakeTransportError(f"rank {self._transport.rank}: ranks sum "
@@ -260,6 +263,7 @@ class FakeLane:
 
     def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
                              counts: Sequence[int]) -> FakePending:
+        self._open()
         rank = self._transport.rank
         begin = sum(counts[:rank])
 
@@ -272,6 +276,7 @@ class FakeLane:
 
     def start_allgather(self, buf: np.ndarray, out: np.ndarray,
                         counts: Sequence[int]) -> FakePending:
+        self._open()
         rank = self._transport.rank
 
         def finish(parts: list[Any]) -> None:
@@ -281,8 +286,13 @@ class FakeLane:
             out[...] = np.concatenate(parts)
         return self._transport._post(buf.copy(), finish)
 
+    def _open(self) -> None:
+        if self.closed:
+            raise FakeTransportError(f"rank {self._transport.rank}: a collective on a "
+                                     "closed lane")
+
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def run_transports(size: int, work: Callable[[ThreadTransport], Any],

@@ -1,6 +1,6 @@
 """The lane (hvdlite/engine/lane.py) on threads as ranks: sums against NumPy's, the
 check words' verdicts (the same on every rank), a joined rank's zeros, squaring up
-after a join, and the stall message. The engine's side (Lanes.serve) is driven here
+after a join, closing by agreement, and the stall message. The engine's side (Lanes.serve) is driven here
 by hand, as the engine thread drives it."""
 from __future__ import annotations
 
@@ -146,9 +146,11 @@ def test_check_words_are_bits_then_counts() -> None:
     words = np.zeros(CHECK_WORDS)
     check_words(5, 3, 6, 1, False, words)
     assert words[:3].tolist() == [1, 0, 1] and words[16:18].tolist() == [1, 1]
-    assert words[-4:].tolist() == [1, 7, 2, 0]
+    assert words[-6:].tolist() == [1, 7, 2, 0, 0, 0]
     check_words(5, 3, 6, None, True, words)
-    assert not words[:-1].any() and words[-1] == 1
+    assert words.tolist() == [0] * (CHECK_WORDS - 3) + [1, 0, 0]
+    check_words(5, 3, 6, None, True, words, closed=True)    # closing: not joined
+    assert words.tolist() == [0] * (CHECK_WORDS - 2) + [1, 7]
 
 
 def test_a_sum_waiting_past_the_stall_times_is_logged_then_a_stall(
@@ -190,3 +192,86 @@ def test_a_shutdown_leaves_to_finish_what_every_shutting_rank_finished() -> None
         assert counts in ({(0, 0): 0}, {(0, 0): 1})   # the first Test may finish it
         assert behind == (counts == {(0, 0): 0})
         assert after == {(0, 0): 1} and not behind_after
+
+
+def _serve_until(lanes: Lanes, done: Any, joined: bool = False) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        lanes.serve(time.monotonic(), joined)
+        assert time.monotonic() < deadline, "the lanes never got there"
+        time.sleep(1e-4)
+
+
+def test_a_lane_closed_on_one_rank_is_freed_only_once_every_rank_closed_it() -> None:
+    """Rank 0 closes the lane (its optimizer was freed) while the others still hold it
+    and join: rank 0's zeros stand in beside theirs (void sums), and no rank frees the
+    channel until the others close it too; then every rank frees it after the same
+    sum."""
+    size = 3
+
+    def work(transport: ThreadTransport) -> Any:
+        lanes, handles, lane_id = _open(transport, [2 + CHECK_WORDS], np.float32)
+        lane = lanes._lanes[lane_id]
+        if transport.rank == 0:
+            lanes.close(lane_id)
+            lanes.serve(time.monotonic(), False)
+            assert lanes.closed and not lanes.busy     # waits, but nobody waits on it
+            assert not lanes.submit(lane_id, LaneOp(_bucket(np.ones(2, np.float32)), 2,
+                                                    1.0))   # takes nothing more
+        else:
+            _serve_until(lanes, lambda: lane.joined_done, joined=True)
+        held_after_join = lanes.held
+        transport.allgather(None)                   # every rank past its join
+        if transport.rank != 0:
+            lanes.close(lane_id)
+        _serve_until(lanes, lambda: not lanes.held)
+        return held_after_join, lane.channel.closed, lane.started, handles.done
+    for held, channel_closed, started, done in run_transports(size, work):
+        assert held == 1 and channel_closed and done == {}
+        assert started == 1           # the last sum (every rank closed) was started
+
+
+def test_a_sum_meeting_a_rank_that_closed_the_lane_fails_naming_that_rank() -> None:
+    """Rank 1 freed its optimizer; the others still step theirs: their bucket fails
+    with a UsageError naming rank 1 instead of waiting for it. Then they free theirs,
+    and the lane is freed everywhere."""
+    size = 3
+
+    def work(transport: ThreadTransport) -> Any:
+        lanes, handles, lane_id = _open(transport, [2 + CHECK_WORDS], np.float64)
+        if transport.rank == 1:
+            lanes.close(lane_id)
+        else:
+            op = LaneOp(_bucket(np.ones(2)), 2, 1.0, 7, "b", ["w"])
+            op.handle = 0
+            lanes.submit(lane_id, op)
+            _serve(lanes, handles, {0})
+            lanes.close(lane_id)
+        _serve_until(lanes, lambda: not lanes.held)
+        return handles.done.get(0)
+    results = run_transports(size, work)
+    assert results[1] is None
+    for rank in (0, 2):
+        assert isinstance(results[rank], UsageError), results[rank]
+        assert str(results[rank]).startswith(
+            f"rank {rank}: rank 1 closed lane 'test.lane' (its owner, an optimizer or an "
+            "averager, was freed there) while this rank still uses it: bucket 'b' "
+            "(step 7) was not reduced"), results[rank]
+
+
+def test_a_closed_or_joined_ranks_zeros_never_stall(caplog: pytest.LogCaptureFixture) -> None:
+    """Zeros that wait for the others are no bucket of this rank's: no stall warning
+    however long they wait (the ranks they wait for warn of their own buckets)."""
+    def work(transport: ThreadTransport) -> Any:
+        lanes, handles, lane_id = _open(transport, [1 + CHECK_WORDS], np.float32)
+        other_id = lanes.open("other.lane", 0, transport.lane_channel(), transport.rank,
+                              2, [1 + CHECK_WORDS], np.dtype(np.float32))
+        if transport.rank == 0:
+            lanes.close(other_id)
+            now = time.monotonic()
+            lanes.serve(now, True)
+            return lanes.stalls(now + 121, 60.0, 120.0), lanes.busy
+        return None, None
+    stalled, busy = run_transports(2, work)[0]
+    assert stalled is None and busy                # a joined rank's zeros keep it busy
+    assert not any("has waited" in r.getMessage() for r in caplog.records)
