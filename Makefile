@@ -163,7 +163,7 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 	test_torch_buckets.py test_torch_training.py test_torch_parity.py test_torch_frozen.py \
 	test_local_sgd.py test_lane.py test_lane_close.py test_torch_zero.py test_torch_zero_elastic.py \
 	test_torch_zero_clip.py test_torch_zero_amp.py test_torch_zero_lanes.py \
-	test_torch_zero_overlap.py)
+	test_torch_zero_overlap.py test_torch_rewrap.py)
 # At -n 4, what more ranks change: process sets that are not the world, unnamed ops and
 # join() pairing, errors and stalls on some ranks, the optimizer's exchange; the dtype and
 # stride matrices and the training comparisons run at -n 2 only (about 1.5 min less).

@@ -42,6 +42,7 @@ from hvdlite.diagnostics import autotune as _autotune, report as _report
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer.buckets import Reducer
 from hvdlite.reducer.settings import Groups, Settings
+from hvdlite.torch import hooks
 from hvdlite.torch.grad_scaling import GradScalerSupport
 from hvdlite.torch.reduction import GradientReduction
 
@@ -129,6 +130,8 @@ class DistributedOptimizer(GradientReduction, GradScalerSupport, torch.optim.Opt
         # hooks, nothing to wait for (the set's members reduce among themselves).
         self._outside = self._settings.outside()
         self._hook_handles: dict[int, Any] = {}        # by id: a hook on each trainable one
+        hooks.claim(self._params, self)     # (a model wrapped again: the newest reduces)
+        hooks.remove_when_freed(self, self._hook_handles)
         self._hook_trainable()
         if not self._outside:     # HVDLITE_AUTOTUNE may try other bucket sizes
             _autotune.follow("bucket_bytes", self._bucket_bytes_changed)

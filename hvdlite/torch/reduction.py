@@ -18,6 +18,7 @@ from hvdlite.diagnostics import report as _report
 from hvdlite.errors import HvdliteError, UsageError
 from hvdlite.reducer.buckets import Reducer
 from hvdlite.reducer.settings import Settings
+from hvdlite.torch import hooks
 from hvdlite.torch.adapter import TORCH
 from hvdlite.torch.sparse import sparse_allreduce_async
 
@@ -85,8 +86,8 @@ class GradientReduction:
             return
         for param in self._params:
             if param.requires_grad and id(param) not in self._hook_handles:
-                self._hook_handles[id(param)] = param.register_post_accumulate_grad_hook(
-                    self._on_grad_ready)
+                self._hook_handles[id(param)] = hooks.hook(param, self,
+                                                           type(self)._on_grad_ready)
 
     def _bucket_bytes_changed(self, bucket_bytes: int) -> None:
         """Autotune changed HVDLITE_BUCKET_BYTES, on every rank at the same step boundary

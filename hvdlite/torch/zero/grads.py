@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hvdlite.torch import hooks
+
 if TYPE_CHECKING:
     from hvdlite.torch.zero.optimizer import ZeroRedundancyOptimizer
 
@@ -31,9 +33,10 @@ class FlatGradients:
             for position, offset, numel in zip(space.positions, space.offsets, space.numels):
                 self.views[position] = flat[offset:offset + numel].view_as(
                     self._params[position])
-        self._hooks = [param.register_post_accumulate_grad_hook(
-                           functools.partial(_arrived, weakref.ref(opt), self, position))
+        self._hooks = [hooks.hook(param, opt,
+                                  functools.partial(_arrived, weakref.ref(self), position))
                        for position, param in enumerate(self._params) if param.requires_grad]
+        hooks.remove_when_freed(opt, self._hooks)
 
     def remove(self) -> None:
         """The hooks removed: a new layout has its own."""
@@ -58,12 +61,12 @@ class FlatGradients:
         param.grad = view
 
 
-def _arrived(optimizer_ref: "weakref.ref[ZeroRedundancyOptimizer]", grads: FlatGradients,
-             position: int, param: torch.Tensor) -> None:
+def _arrived(grads_ref: "weakref.ref[FlatGradients]", position: int,
+             optimizer: "ZeroRedundancyOptimizer", param: torch.Tensor) -> None:
     """A parameter's gradient made by backward: into its view, and the optimizer told.
     Only while this layout is the optimizer's (a new one has hooks of its own)."""
-    optimizer = optimizer_ref()
-    if (optimizer is not None and optimizer._grads is grads
+    grads = grads_ref()
+    if (grads is not None and optimizer._grads is grads
             and optimizer._params[position] is param):
         optimizer._reduced = None      # a new gradient: reduce again at step()
         grads.into_view(position)

@@ -52,6 +52,7 @@ from hvdlite.api.process_set import ProcessSet, global_process_set
 from hvdlite.api.variable_check import check_same_variables
 from hvdlite.config_values import ONE_BUCKET
 from hvdlite.errors import HvdliteError, NotSupportedError, UsageError
+from hvdlite.torch import hooks
 from hvdlite.torch.adapter import dtype_name
 from hvdlite.torch.mpi_ops import Max, allreduce
 from hvdlite.torch.zero import amp as zero_amp
@@ -103,6 +104,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._consolidated: Optional[dict[str, Any]] = None
         self._layouts = 0            # layouts made so far: names each one's exchange
         self._steps = 0              # steps taken: the lanes' check words carry it
+        hooks.claim([p for group in self.param_groups for p in group["params"]], self)
         self._build()
 
     # -- layout ---------------------------------------------------------------------------
@@ -320,6 +322,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             return
         state = zero_state.gather(self, keep=True)
         super().add_param_group(param_group)
+        hooks.claim(self.param_groups[-1]["params"], self)
         self._build()
         state["param_groups"] = zero_state.groups(self)     # the new one added, no state
         zero_state.load(self, state)
