@@ -170,6 +170,9 @@ GLOO_TESTS := $(addprefix tests/mpi/,test_allreduce.py test_collectives.py test_
 GLOO_NP4_TESTS := $(filter-out %/test_allreduce.py %/test_inplace_strides.py \
 	%/test_timeline_names.py %/test_torch_buckets.py %/test_torch_training.py \
 	%/test_torch_parity.py,$(GLOO_TESTS))
+# Lanes on Gloo groups of their own (no shared memory: as between hosts), at -n 2 and 4.
+GLOO_GROUP_LANE_TESTS := $(addprefix tests/mpi/,test_lane.py test_lane_close.py \
+	test_torch_zero_lanes.py test_torch_rewrap.py)
 # torchrun leaves a torchelastic_* directory in TMPDIR for every job: a TMPDIR of the run's
 # own, removed after it whatever the outcome (pytest's tmp_path lives there too).
 GLOO_TMP := $(CURDIR)/.torchrun-tmp
@@ -179,6 +182,10 @@ test-gloo: install-gloo
 	rm -rf $(GLOO_TMP) && mkdir $(GLOO_TMP)
 	$(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q $(GLOO_TESTS) \
 	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q $(GLOO_NP4_TESTS) \
+	    && HVDLITE_SHARED_MEMORY=0 $(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q \
+	       $(GLOO_GROUP_LANE_TESTS) \
+	    && HVDLITE_SHARED_MEMORY=0 $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q \
+	       $(GLOO_GROUP_LANE_TESTS) \
 	    && $(TORCHRUN) --nproc_per_node=2 tests/mpi/run.py -q tests/standin \
 	    && $(TORCHRUN) --nproc_per_node=4 tests/mpi/run.py -q tests/standin; \
 	    status=$$?; rm -rf $(GLOO_TMP); exit $$status

@@ -197,7 +197,7 @@ class TorchTransport:
             memory = self._new_node_memory()
             if memory is not None:
                 return NodeLane(memory)
-        return TorchLane(self.device_group("gloo"))
+        return TorchLane(self.device_group("gloo"), self.rank)
 
     def liveness_channel(self) -> StoreChannel:
         # A prefix of the session's own (rank 0's random token): a second init() in

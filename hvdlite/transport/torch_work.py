@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import array
 import datetime
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -75,17 +76,57 @@ OPTIONS = {op: _reduce_options(torch_op) for op, torch_op in _OPS.items()}
 
 
 class TorchLane:
-    """A lane (hvdlite/engine/lane.py) on a Gloo group of its own."""
+    """A lane (hvdlite/engine/lane.py) on a Gloo group of its own, whose rank is the
+    transport's. Each of its collectives is one asynchronous Gloo allreduce, the one
+    operation of Gloo's whose Work this lane has seen complete and fail as a sum's: a
+    reduce-scatter sums the whole buffer and keeps this rank's segment (the bytes the
+    negotiated path moves); an allgather sums a buffer that is zeros but for this
+    rank's segment (twice an allgather's bytes, exact: every element is one rank's
+    value plus zeros, and -0.0 arrives as 0.0 on every rank alike)."""
 
-    def __init__(self, group: Any) -> None:
-        self._group = group
+    def __init__(self, group: Any, rank: int) -> None:
+        self._group, self._rank = group, rank
 
-    def start_sum(self, buf: Any) -> TorchPending:
+    def start_sum(self, buf: np.ndarray) -> TorchPending:
         tensor = torch.from_numpy(buf)
         return TorchPending(self._group.allreduce([tensor], OPTIONS[ReduceOp.SUM]), tensor)
 
+    def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
+                             counts: Sequence[int]) -> "Then":
+        """The sum of ``buf`` (summed in place), of which this rank keeps its segment
+        (``counts``: each rank's, in rank order) in ``out``."""
+        lo = sum(counts[:self._rank])
+        flat = buf.reshape(-1)
+        mine = flat[lo:lo + counts[self._rank]]
+        return Then(self.start_sum(buf), lambda: np.copyto(out.reshape(-1), mine))
+
+    def start_allgather(self, buf: np.ndarray, out: np.ndarray,
+                        counts: Sequence[int]) -> TorchPending:
+        """Every rank's ``buf`` (``counts[k]`` elements from rank k) into ``out``, in rank
+        order."""
+        lo = sum(counts[:self._rank])
+        flat = out.reshape(-1)
+        flat[:lo] = 0
+        flat[lo:lo + counts[self._rank]] = buf.reshape(-1)
+        flat[lo + counts[self._rank]:] = 0
+        return self.start_sum(out)
+
     def close(self) -> None:
         self._group = None      # its threads end with the group
+
+
+class Then:
+    """A pending operation, then ``finish`` once, when a ``Test`` first sees it complete."""
+
+    def __init__(self, pending: TorchPending, finish: Callable[[], Any]) -> None:
+        self._pending, self._finish = pending, finish
+        self._done = False
+
+    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
+        if not self._done and self._pending.Test():
+            self._finish()
+            self._done = True
+        return self._done
 
 
 class TorchRound:

@@ -1,7 +1,7 @@
 """A ZeroRedundancyOptimizer's space on lanes (hvdlite/engine/lane.py): each step's
 reduce-scatters and allgathers start at once, with no negotiation round, where the
-transport's lanes have them (MPI, and the node's shared memory on the torch transport)
-and the space is float32 or float64 on the CPU.
+transport's lanes have them (MPI; on the torch transport the node's shared memory, or
+Gloo) and the space is float32 or float64 on the CPU.
 
 Two lanes per space, opened once per layout: one reduce-scatters each chunk of the
 gradients, one allgathers each chunk of the stepped parameters, every chunk every

@@ -16,7 +16,7 @@ each split evenly between the ranks). Each step:
    chunks), and copied into the parameters.
 
 A float32 or float64 space on the CPU goes on lanes where the transport has them
-(lanes.py; MPI, the node's shared memory): every chunk every step with no
+(lanes.py; MPI, the node's shared memory, Gloo): every chunk every step with no
 negotiation round, and the flags of step 2 inside the reduce-scatter. There step 1
 starts in backward, chunk by chunk as their gradients come (overlap.py). Elsewhere
 (rounds.py) one small allreduce agrees on step 2 first, and only the chunks it names
