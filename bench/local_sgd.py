@@ -1,7 +1,11 @@
 """``python -m bench local-sgd``: the loss of the digits example (examples/pytorch_digits.py)
 step by step, trained with the gradients averaged every step (DistributedOptimizer) and
 with local SGD averaging the models every 1, 4 and 16 steps, each in its own launch at
-the same seed; a plot (``--plot``) and the final losses and test accuracies."""
+the same seed; a plot (``--plot``) and the final losses and test accuracies.
+
+Also ``bench training``'s two local SGD methods (``run_hvdlite``, ``run_fused``): its
+throughput with the models averaged every PERIOD steps, by hvdlite's
+PostLocalSGDOptimizer and by one flat mpi4py Allreduce, its floor."""
 from __future__ import annotations
 
 import argparse
@@ -11,12 +15,16 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Optional, Sequence
+import time
+from typing import Any, Callable, Optional, Sequence
 
 from bench.launches import mpiexec_path
+from bench.models import build, training_step
+from bench.timing import Measured
 
 EXAMPLE = os.path.join("examples", "pytorch_digits.py")
 SMOOTHING = 10           # the plot's moving mean, in steps
+PERIOD = 8               # bench training's local SGD methods average every PERIOD steps
 
 
 def run(np_: int, period: int, epochs: int, losses: str) -> tuple[list[float], str]:
@@ -81,3 +89,61 @@ def main(argv: Sequence[str]) -> None:
 def _accuracy(line: str) -> Optional[str]:
     found = re.search(r"test accuracy ([0-9.]+)", line)
     return found.group(1) if found else None
+
+
+def run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
+    import torch
+    import hvdlite.torch as hvd
+    hvd.init()
+    try:
+        model, data = build(name)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        optimizer = hvd.PostLocalSGDOptimizer(sgd, hvd.PeriodicModelAverager(PERIOD))
+        return measured.timed(training_step(name, model, optimizer, data), seconds)
+    finally:
+        hvd.shutdown()
+
+
+def run_fused(name: str, measured: Measured, seconds: float) -> float:
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+    comm = measured.comm
+    model, data = build(name)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    params = list(model.parameters())
+    flat = np.empty(sum(p.numel() for p in params), dtype=np.float32)
+    steps = [0]
+
+    def average() -> None:              # after every PERIOD-th step
+        steps[0] += 1
+        if steps[0] % PERIOD:
+            return
+        with torch.no_grad():
+            torch.cat([p.reshape(-1) for p in params], out=torch.from_numpy(flat))
+            started = time.thread_time()
+            comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+            measured.allreduce_cpu += time.thread_time() - started
+            started = time.thread_time()
+            np.divide(flat, comm.Get_size(), out=flat)
+            measured.average_cpu += time.thread_time() - started
+            offset = 0
+            for p in params:
+                p.copy_(torch.from_numpy(flat[offset:offset + p.numel()]).view_as(p))
+                offset += p.numel()
+    optimizer = _ThenAfterStep(sgd, average)
+    return measured.timed(training_step(name, model, optimizer, data), seconds)
+
+
+class _ThenAfterStep:
+    """An optimizer whose ``step()`` calls ``after()`` once it has stepped."""
+
+    def __init__(self, optimizer: Any, after: Callable[[], None]) -> None:
+        self.optimizer, self.after = optimizer, after
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.after()

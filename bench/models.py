@@ -12,7 +12,7 @@ vocabulary: 150 parameter tensors, 11.6 M parameters, trained on synthetic token
 (next-token prediction on 8 sequences of 64 per rank)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 TRAINED = ("mlp", "cnn", "transformer")
 TENSOR_COUNTS = {"tensors10": 10, "tensors100": 100, "tensors1000": 1000}
@@ -106,3 +106,15 @@ def _tensors(count: int) -> Any:
             return sum((p * x).sum() for p in self.pieces)
 
     return Tensors()
+
+
+def training_step(name: str, model: Any, optimizer: Any, data: Any,
+                  backward_hook: Callable[[], None] = lambda: None) -> Callable[[], None]:
+    """One training step of ``model`` on ``data``, ``backward_hook()`` between backward
+    and the optimizer's step."""
+    def step() -> None:
+        optimizer.zero_grad()
+        loss(name, model, data).backward()
+        backward_hook()
+        optimizer.step()
+    return step

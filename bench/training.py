@@ -31,22 +31,20 @@ import functools
 import json
 import tempfile
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from bench import launches
+from bench import launches, local_sgd
 from bench.gloo import gloo_group
-from bench.models import BATCH, MODELS, TENSOR_COUNTS, TRAINED, build, loss
-from bench.threads import ThreadClock, peak_rss_mib
-from bench.timing import seconds_per_call
+from bench.models import BATCH, MODELS, TENSOR_COUNTS, TRAINED, build, training_step
+from bench.timing import WARMUP, Measured
 from bench.world import bench_comm, under_torchrun
 
 METHODS = ("hvdlite", "hvdlite_negotiated", "hvdlite_gloo", "autotune", "hvdlite_per_grad",
-           "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd", "zero",
-           "no_comm")
+           "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd",
+           "fused_local_sgd", "zero", "no_comm")
 # The floors (bench/floor.py), local SGD, ZeRO and the lane off run when asked for by name.
 DEFAULT_METHODS = tuple(m for m in METHODS
                         if not m.startswith(("fused_", "local_", "hvdlite_negotiated", "zero")))
-LOCAL_SGD_PERIOD = 8
 # hvdlite_gloo: hvdlite with its defaults under torchrun, so on the torch transport (Gloo)
 # instead of MPI. hvdlite_negotiated: hvdlite with HVDLITE_LANE=0 (every bucket agreed in a
 # negotiation round, as before the lane). hvdlite_per_grad: hvdlite with buckets off. autotune: hvdlite with HVDLITE_AUTOTUNE=1,
@@ -55,7 +53,9 @@ LOCAL_SGD_PERIOD = 8
 # fused_negotiated: the hand-fused loop with its Allreduce handed to a helper thread, and
 # also agreed first in one negotiation round: the floor of any engine that turns a mismatch
 # into an error instead of a hang. local_sgd: hvdlite's PostLocalSGDOptimizer, the models
-# averaged every LOCAL_SGD_PERIOD steps instead of the gradients every step. zero:
+# averaged every bench.local_sgd.PERIOD steps instead of the gradients every step;
+# fused_local_sgd: its floor, the no_comm loop with the parameters averaged as often by
+# one flat mpi4py Allreduce (a wait for the slowest rank every period included). zero:
 # hvdlite's ZeroRedundancyOptimizer over the same SGD, its state sharded across the ranks.
 # Ratios printed where both methods ran: (label, numerator, denominator).
 RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autotune", "hand_fused"),
@@ -68,82 +68,13 @@ RATIOS = (("defaults/fused", "hvdlite", "hand_fused"), ("autotune/fused", "autot
           ("lane-off/fused", "hvdlite_negotiated", "hand_fused"),
           ("local-sgd/no-comm", "local_sgd", "no_comm"),
           ("local-sgd/defaults", "local_sgd", "hvdlite"),
+          ("local-sgd/fused", "local_sgd", "fused_local_sgd"),
+          ("fused-local-sgd/no-comm", "fused_local_sgd", "no_comm"),
           ("zero/defaults", "zero", "hvdlite"),
           ("gloo-transport/MPI", "hvdlite_gloo", "hvdlite"),
           ("gloo-transport/DDP", "hvdlite_gloo", "ddp_gloo"))
 WORKERS = ("hvdlite", "ddp_gloo", "hand_fused", "fused_handoff", "fused_negotiated", "local_sgd",
-           "zero", "no_comm")
-WARMUP = 5
-
-
-class Measured:
-    """A method's timed loop, with its CPU per thread and (hand-fused) Allreduce CPU."""
-
-    def __init__(self, comm: Any, warmup_s: float = 0.0) -> None:
-        self.comm = comm
-        self.warmup_s = warmup_s    # --warmup-seconds: untimed training before the loop
-        self.warmup_steps = 0
-        self.clock = ThreadClock()
-        self.calls = 0
-        self.allreduce_cpu = 0.0
-        self.average_cpu = 0.0      # the hand-fused loop's division by the size
-        self.tuning_steps = 0       # autotune: steps before its choice, and their time
-        self.tuning_s = 0.0
-        self.choice = ""            # autotune: the settings it changed
-
-    def warm_up(self, step: Callable[[], None], since: float) -> None:
-        """Train untimed until ``warmup_s`` seconds have passed since ``since`` on rank 0's
-        clock (every rank stops at the same step: rank 0 says when), so that every method
-        is timed after the same time in training, autotune's search included."""
-        if self.warmup_s <= 0:
-            return
-        while not self.comm.bcast(time.perf_counter() - since >= self.warmup_s, root=0):
-            step()
-            self.warmup_steps += 1
-
-    def timed(self, step: Callable[[], None], seconds: float,
-              since: Optional[float] = None) -> float:
-        """Steps per second on the slowest rank, after ``warm_up`` (counted from ``since``,
-        the first step, where training began earlier: autotune's search); the CPU clock
-        runs over the timed calls."""
-        self.warm_up(step, time.perf_counter() if since is None else since)
-        def counted() -> None:
-            if self.calls == WARMUP:
-                self.clock.start()
-                self.allreduce_cpu = self.average_cpu = 0.0
-            self.calls += 1
-            step()
-        rate = 1.0 / seconds_per_call(counted, seconds, self.comm, warmup=WARMUP, min_calls=10)
-        self.clock.stop()
-        return rate
-
-    def result(self, samples_per_s: float) -> dict:
-        steps = max(self.calls - WARMUP, 1)
-        mine = {f"cpu_{k}": v / steps for k, v in self.clock.seconds.items()}
-        mine["cpu_allreduce"] = self.allreduce_cpu / steps
-        mine["cpu_average"] = self.average_cpu / steps
-        every = self.comm.allgather(mine)
-        result = {k: sum(r[k] for r in every) / len(every) for k in mine}
-        result["samples_per_s"] = samples_per_s
-        result["peak_rss_mib"] = max(self.comm.allgather(peak_rss_mib()))
-        if self.warmup_s > 0:
-            result["warmup_steps"] = self.warmup_steps
-        if self.choice:
-            result.update(tuning_steps=self.tuning_steps, tuning_s=self.tuning_s,
-                          choice=self.choice)
-        return result
-
-
-def _loop(name: str, model: Any, optimizer: Any, data: Any,
-          backward_hook: Callable[[], None] = lambda: None) -> Callable[[], None]:
-    def step() -> None:
-        optimizer.zero_grad()
-        loss(name, model, data).backward()
-        backward_hook()
-        optimizer.step()
-    return step
-
-
+           "fused_local_sgd", "zero", "no_comm")
 def _run_hand_fused(name: str, measured: Measured, seconds: float,
                     floor: str = "") -> float:
     """The hand-fused loop; ``floor`` "handoff" or "negotiated": its Allreduce run by a
@@ -180,7 +111,7 @@ def _run_hand_fused(name: str, measured: Measured, seconds: float,
             p.grad.copy_(torch.from_numpy(flat[offset:offset + p.numel()]).view_as(p))
             offset += p.numel()
     try:
-        return measured.timed(_loop(name, model, optimizer, data, fused_allreduce), seconds)
+        return measured.timed(training_step(name, model, optimizer, data, fused_allreduce), seconds)
     finally:
         if helper is not None:
             helper.close()
@@ -194,7 +125,7 @@ def _run_no_comm(name: str, measured: Measured, seconds: float) -> float:
     import torch
     model, data = build(name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return measured.timed(_loop(name, model, optimizer, data), seconds)
+    return measured.timed(training_step(name, model, optimizer, data), seconds)
 
 
 def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
@@ -203,20 +134,7 @@ def _run_ddp(name: str, measured: Measured, seconds: float) -> float:
         model, data = build(name)
         ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-        return measured.timed(_loop(name, ddp, optimizer, data), seconds)
-
-
-def _run_local_sgd(name: str, measured: Measured, seconds: float) -> float:
-    import torch
-    import hvdlite.torch as hvd
-    hvd.init()
-    try:
-        model, data = build(name)
-        sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        optimizer = hvd.PostLocalSGDOptimizer(sgd, hvd.PeriodicModelAverager(LOCAL_SGD_PERIOD))
-        return measured.timed(_loop(name, model, optimizer, data), seconds)
-    finally:
-        hvd.shutdown()
+        return measured.timed(training_step(name, ddp, optimizer, data), seconds)
 
 
 def _run_zero(name: str, measured: Measured, seconds: float) -> float:
@@ -228,7 +146,7 @@ def _run_zero(name: str, measured: Measured, seconds: float) -> float:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
                                                 momentum=0.9)
-        return measured.timed(_loop(name, model, optimizer, data), seconds)
+        return measured.timed(training_step(name, model, optimizer, data), seconds)
     finally:
         hvd.shutdown()
 
@@ -243,7 +161,7 @@ def _run_hvdlite(name: str, measured: Measured, seconds: float) -> float:
         sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        step = _loop(name, model, optimizer, data)
+        step = training_step(name, model, optimizer, data)
         started = time.perf_counter()
         while not autotune.finished():     # HVDLITE_AUTOTUNE: every rank stops at one step
             step()
@@ -273,7 +191,8 @@ def worker(argv: Sequence[str]) -> None:
     runners = {"hvdlite": _run_hvdlite, "ddp_gloo": _run_ddp, "hand_fused": _run_hand_fused,
                "fused_handoff": functools.partial(_run_hand_fused, floor="handoff"),
                "fused_negotiated": functools.partial(_run_hand_fused, floor="negotiated"),
-               "local_sgd": _run_local_sgd, "zero": _run_zero, "no_comm": _run_no_comm}
+               "local_sgd": local_sgd.run_hvdlite, "fused_local_sgd": local_sgd.run_fused,
+               "zero": _run_zero, "no_comm": _run_no_comm}
     measured = Measured(comm, args.warmup_seconds)
     rate = runners[args.method](args.model, measured, args.seconds)
     result = measured.result(rate * BATCH[args.model] * comm.Get_size())
@@ -309,6 +228,7 @@ def _methods(model: str, seconds: float, report_dir: Optional[str],
              "fused_handoff": method("fused_handoff", "fused_handoff"),
              "fused_negotiated": method("fused_negotiated", "fused_negotiated"),
              "local_sgd": method("local_sgd", "local_sgd"),
+             "fused_local_sgd": method("fused_local_sgd", "fused_local_sgd"),
              "zero": method("zero", "zero"),
              "no_comm": method("no_comm", "no_comm")}
     methods = [every[name] for name in METHODS if name in chosen]
