@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import array
 import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -22,10 +22,11 @@ class TorchPending:
     """A torch Work as a Pending; holds the tensors the operation reads or writes until
     it is complete, then HANDOFF holds them, until Gloo's thread has let go of them too
     (hvdlite/transport/handoff.py). A failed operation raises from the ``Test`` that sees
-    it end."""
+    it end. ``then`` runs once, when it is found complete."""
 
-    def __init__(self, work: Any, *keep: torch.Tensor) -> None:
-        self._work, self._keep = work, keep
+    def __init__(self, work: Any, *keep: torch.Tensor,
+                 then: Optional[Callable[[], Any]] = None) -> None:
+        self._work, self._keep, self._then = work, keep, then
         self._done = False
 
     def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
@@ -42,6 +43,8 @@ class TorchPending:
 
     def _finish(self) -> None:
         self._done = True
+        if self._then is not None:
+            self._then()
         HANDOFF.hold(self._keep)
         self._keep = ()
 
@@ -88,17 +91,15 @@ class TorchLane:
         self._group, self._rank = group, rank
 
     def start_sum(self, buf: np.ndarray) -> TorchPending:
-        tensor = torch.from_numpy(buf)
-        return TorchPending(self._group.allreduce([tensor], OPTIONS[ReduceOp.SUM]), tensor)
+        return self._sum(buf)
 
     def start_reduce_scatter(self, buf: np.ndarray, out: np.ndarray,
-                             counts: Sequence[int]) -> "Then":
+                             counts: Sequence[int]) -> TorchPending:
         """The sum of ``buf`` (summed in place), of which this rank keeps its segment
         (``counts``: each rank's, in rank order) in ``out``."""
         lo = sum(counts[:self._rank])
-        flat = buf.reshape(-1)
-        mine = flat[lo:lo + counts[self._rank]]
-        return Then(self.start_sum(buf), lambda: np.copyto(out.reshape(-1), mine))
+        mine = buf.reshape(-1)[lo:lo + counts[self._rank]]
+        return self._sum(buf, then=lambda: np.copyto(out.reshape(-1), mine))
 
     def start_allgather(self, buf: np.ndarray, out: np.ndarray,
                         counts: Sequence[int]) -> TorchPending:
@@ -109,24 +110,15 @@ class TorchLane:
         flat[:lo] = 0
         flat[lo:lo + counts[self._rank]] = buf.reshape(-1)
         flat[lo + counts[self._rank]:] = 0
-        return self.start_sum(out)
+        return self._sum(out)
+
+    def _sum(self, buf: np.ndarray, then: Optional[Callable[[], Any]] = None) -> TorchPending:
+        tensor = torch.from_numpy(buf)
+        return TorchPending(self._group.allreduce([tensor], OPTIONS[ReduceOp.SUM]), tensor,
+                            then=then)
 
     def close(self) -> None:
         self._group = None      # its threads end with the group
-
-
-class Then:
-    """A pending operation, then ``finish`` once, when a ``Test`` first sees it complete."""
-
-    def __init__(self, pending: TorchPending, finish: Callable[[], Any]) -> None:
-        self._pending, self._finish = pending, finish
-        self._done = False
-
-    def Test(self) -> bool:  # noqa: N802 (the Pending protocol's name)
-        if not self._done and self._pending.Test():
-            self._finish()
-            self._done = True
-        return self._done
 
 
 class TorchRound:
