@@ -108,17 +108,18 @@ class LaneOp:
     def __init__(self, buf: np.ndarray, scaled: int, scale: float, step: int = 0,
                  name: str = "", names: Sequence[str] = (),
                  failed_slot: Optional[int] = None, joined: bool = False,
-                 out: Optional[np.ndarray] = None) -> None:
+                 out: Optional[np.ndarray] = None, closing: bool = False) -> None:
         """``step``: the optimizer's steps so far, as this rank counts them; ``name``:
         the bucket's; ``names``: its gradients' (for errors); ``failed_slot``: the
         one this rank cannot reduce (see the module's docstring); ``out``: where a
-        reduce-scatter or an allgather lands (a sum lands in ``buf``)."""
+        reduce-scatter or an allgather lands (a sum lands in ``buf``); ``joined``,
+        ``closing``: zeros standing in for a joined rank, or for a closed lane."""
         self.handle = -1
         self.buf, self.out = buf, out
         self.scaled, self.scale, self.step = scaled, scale, step
         self.name, self.names = name, names
         self.failed_slot, self.joined = failed_slot, joined
-        self.closing = False      # a closed lane's zeros (see the module's docstring)
+        self.closing = closing
         self.pending: Optional[Pending] = None
         self.started_at = 0.0
         self.warned = False
@@ -213,9 +214,8 @@ class Lane:
             send, receive = (whole, mine) if self.kind is LaneKind.REDUCE_SCATTER else (
                 mine, whole)
             whole, out = send, np.zeros(receive, self.dtype)
-        op = LaneOp(np.zeros(whole, self.dtype), 0, 1.0, joined=not self.closed, out=out)
-        op.closing = self.closed
-        self._start(op, now)
+        self._start(LaneOp(np.zeros(whole, self.dtype), 0, 1.0, joined=not self.closed,
+                           out=out, closing=self.closed), now)
 
     def _words(self, op: LaneOp) -> np.ndarray:
         """The check words summed over the ranks (an allgather's, added up here)."""
