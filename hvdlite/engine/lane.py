@@ -156,6 +156,7 @@ class Lane:
         self.queued: collections.deque[LaneOp] = collections.deque()   # user threads append
         self.running: collections.deque[LaneOp] = collections.deque()
         self.started = 0          # sums this rank started that were not void
+        self.posted = 0           # collectives started on the channel, void ones too
         self.joined_done = False  # every rank joined: this rank's zeros are done
         self.closed = False       # its owner is gone here: zeros until every rank's is
         self.freed = False        # every rank closed it: the channel is done with
@@ -191,6 +192,7 @@ class Lane:
             op.pending = self.channel.start_allgather(op.buf, op.out, self.segments[index])
         op.started_at = now
         self.started += 1
+        self.posted += 1
         self.running.append(op)
 
     def join_in(self, now: float) -> None:

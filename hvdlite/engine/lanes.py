@@ -136,17 +136,23 @@ class Lanes:
                 lane.join_in(now)
             elif lane.joined_done and not lane.running:
                 lane.joined_done = False      # the join is over: the next one counts
-            for op, error in lane.finished():
-                self._count(lane, op)
-                if error is None:
-                    self._complete(op.handle, None)
-                else:
-                    self._fail(op.handle, error)
-                completed += 1
-            if lane.freed:
-                del self._lanes[lane_id]
-                lane.channel.close()
+            completed += self._finish(lane_id, lane)
         return completed
+
+    def _finish(self, lane_id: int, lane: Lane) -> int:
+        """Complete or fail what is done on ``lane``, and free it after its last sum;
+        how many handles that was."""
+        done = lane.finished()
+        for op, error in done:
+            self._count(lane, op)
+            if error is None:
+                self._complete(op.handle, None)
+            else:
+                self._fail(op.handle, error)
+        if lane.freed:
+            del self._lanes[lane_id]
+            lane.channel.close()
+        return len(done)
 
     def _count(self, lane: Lane, op: LaneOp) -> None:
         """The bytes a bandwidth-optimal algorithm sends (an allreduce: a reduce-scatter
@@ -185,18 +191,29 @@ class Lanes:
             lane.queued.clear()
         self.square_up(allgather)
 
-    def square_up(self, allgather: Callable[[Any], list[Any]]) -> None:
+    def square_up(self, allgather: Callable[[Any], list[Any]], settle_s: float = 60.0) -> None:
         """Bring every lane to the same count of sums on every rank (collective over
         the world, at a point every rank reaches alike: a join's end, a deadlock's
         verdict), standing in with zeros for the sums this rank never started: a
         joined rank whose last zeros the join's end overtook, a rank that never
-        reached a bucket others wait in."""
+        reached a bucket others wait in.
+
+        The counts are of collectives posted on each channel, void ones included: a
+        void sum that one rank has seen end and another has not yet tested counts
+        alike on both. Every one posted then has its partners, so each is waited for
+        here, before any new one is numbered: each lane then counts the same sums on
+        every rank (at most ``settle_s``; a peer that never comes is the stall
+        check's)."""
         now = time.monotonic()
-        counts = allgather({lane.key: lane.started for lane in self._lanes.values()})
+        counts = allgather({lane.key: lane.posted for lane in self._lanes.values()})
         for lane in self._lanes.values():
             most = max(theirs.get(lane.key, 0) for theirs in counts)
-            while lane.started < most:
+            while lane.posted < most:
                 lane.stand_in(now)
+        until = now + settle_s
+        while any(lane.running for lane in self._lanes.values()) and time.monotonic() < until:
+            for lane_id, lane in list(self._lanes.items()):
+                self._finish(lane_id, lane)
 
     def stalls(self, now: float, check_s: float, shutdown_s: float) -> Optional[StallError]:
         for lane in self._lanes.values():
